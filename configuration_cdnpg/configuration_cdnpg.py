@@ -1,0 +1,167 @@
+"""Configuration of C-DNPG (Gu et al., "Continuous Decomposition of Granularity for Neural Paraphrase Generation",
+COLING 2022).
+
+Self-contained on purpose: this file is copied next to the weights of every saved checkpoint, so that
+`AutoConfig.from_pretrained(..., trust_remote_code=True)` works where this package is not installed. It imports
+only `transformers`. Supported: transformers 4.57.x and 5.x.
+"""
+
+from transformers import PretrainedConfig
+
+GRANULARITY_MASKS = ("resonance", "scope", "product", "mean", "none")
+GRANULARITY_MASK_MODES = ("log_bias", "multiply")
+
+
+class CDNPGConfig(PretrainedConfig):
+    r"""
+    Configuration of a C-DNPG encoder-decoder. Defaults reproduce the paper's Quora/Twitter setup (Section 4.2) with
+    the authors' released feed-forward size.
+
+    Args:
+        vocab_size (`int`, defaults to 30522):
+            Size of the shared token embedding (bert-base-uncased's WordPiece vocabulary in the paper).
+        d_model (`int`, defaults to 450):
+            Hidden size of every layer (Section 4.2: "hidden size 450").
+        encoder_layers (`int`, defaults to 3):
+            Number of encoder blocks (eq. 3; Section 4.2: 3 layers).
+        decoder_layers (`int`, defaults to 3):
+            Number of decoder blocks (eq. 10; Section 4.2: 3 layers).
+        encoder_attention_heads (`int`, defaults to 9):
+            Heads of each encoder self-attention (Section 4.2: 9 heads). Must divide `d_model`.
+        decoder_attention_heads (`int`, defaults to 9):
+            Heads of each decoder self- and cross-attention. Must divide `d_model`.
+        encoder_ffn_dim (`int`, defaults to 1024):
+            Inner size of the encoder feed-forward blocks (eq. 3; 1024 in the released code).
+        decoder_ffn_dim (`int`, defaults to 1024):
+            Inner size of the decoder feed-forward blocks (eq. 10).
+        activation_function (`str`, defaults to `"relu"`):
+            Feed-forward non-linearity (the Transformer FFN of eq. 3).
+        dropout (`float`, defaults to 0.1):
+            Dropout on embeddings and on every residual branch.
+        attention_dropout (`float`, defaults to 0.1):
+            Dropout on the (granularity-adjusted) attention probabilities of eq. 9.
+        max_position_embeddings (`int`, defaults to 512):
+            Number of learned positions. The paper truncates sentences to 20 tokens; the table is larger so that
+            longer inputs are not refused.
+        granularity_mask (`str`, defaults to `"resonance"`):
+            Which granularity mask adjusts encoder and decoder self-attention (eq. 9 and the ablation of Table 4):
+            `"resonance"` (C, eq. 6; the paper's C-DNPG (R)), `"scope"` (S, eq. 8), `"product"` (C ⊙ S),
+            `"mean"` ((C + S) / 2) or `"none"` (a plain Transformer, the paper's baseline: no granularity heads).
+        granularity_mask_mode (`str`, defaults to `"log_bias"`):
+            How the mask adjusts attention (eq. 9). `"log_bias"` adds `log(max(mask, 1e-32))` to the logits before
+            the softmax, i.e. multiplies and renormalises, as the authors' released code does; `"multiply"` multiplies
+            the softmax output (the literal eq. 9, rows no longer sum to 1) and always runs the eager attention path.
+        scope_epsilon (`float`, defaults to 2.0):
+            The window ε of the scope mask (eq. 7 and 8): a phrase-level token (z = 1) sees neighbours within ε.
+        cross_attention_granularity (`bool`, defaults to `True`):
+            Whether cross-attention gets the resonance mask (eq. 6) with z_i from the decoder queries and z_j from
+            the encoder states through the cross-attention's own granularity head, as the released code does. The
+            scope mask is never applied in cross-attention. Ignored when `granularity_mask="none"`.
+        initializer_range (`float`, defaults to 0.02):
+            Standard deviation of the normal initialisation of all weight matrices and embeddings.
+        use_cache (`bool`, defaults to `True`):
+            Whether the decoder returns its key/value (and granularity) cache for incremental decoding.
+        tie_word_embeddings (`bool`, defaults to `True`):
+            Share one embedding between encoder, decoder and LM head (Section 4.2).
+    """
+
+    model_type = "cdnpg"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+        "num_hidden_layers": "decoder_layers",
+    }
+
+    def __init__(
+        self,
+        vocab_size: int = 30522,
+        d_model: int = 450,
+        encoder_layers: int = 3,
+        decoder_layers: int = 3,
+        encoder_attention_heads: int = 9,
+        decoder_attention_heads: int = 9,
+        encoder_ffn_dim: int = 1024,
+        decoder_ffn_dim: int = 1024,
+        activation_function: str = "relu",
+        dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        max_position_embeddings: int = 512,
+        granularity_mask: str = "resonance",
+        granularity_mask_mode: str = "log_bias",
+        scope_epsilon: float = 2.0,
+        cross_attention_granularity: bool = True,
+        initializer_range: float = 0.02,
+        use_cache: bool = True,
+        pad_token_id: int = 0,
+        bos_token_id: int = 101,
+        eos_token_id: int = 102,
+        decoder_start_token_id: int = 101,
+        is_encoder_decoder: bool = True,
+        tie_word_embeddings: bool = True,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.encoder_layers = encoder_layers
+        self.decoder_layers = decoder_layers
+        self.encoder_attention_heads = encoder_attention_heads
+        self.decoder_attention_heads = decoder_attention_heads
+        self.encoder_ffn_dim = encoder_ffn_dim
+        self.decoder_ffn_dim = decoder_ffn_dim
+        self.activation_function = activation_function
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.max_position_embeddings = max_position_embeddings
+        self.granularity_mask = granularity_mask
+        self.granularity_mask_mode = granularity_mask_mode
+        self.scope_epsilon = scope_epsilon
+        self.cross_attention_granularity = cross_attention_granularity
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache  # 5.x's base config no longer sets it from kwargs
+        self.tie_word_embeddings = tie_word_embeddings
+        self._validate()
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            decoder_start_token_id=decoder_start_token_id,
+            is_encoder_decoder=is_encoder_decoder,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+
+    def _validate(self) -> None:
+        """Fail at construction, naming the field, rather than with a shape error deep inside a forward pass."""
+        if self.granularity_mask not in GRANULARITY_MASKS:
+            raise ValueError(f"granularity_mask must be one of {GRANULARITY_MASKS}, got {self.granularity_mask!r}")
+        if self.granularity_mask_mode not in GRANULARITY_MASK_MODES:
+            raise ValueError(
+                f"granularity_mask_mode must be one of {GRANULARITY_MASK_MODES}, got {self.granularity_mask_mode!r}"
+            )
+        if not self.scope_epsilon > 0:
+            raise ValueError(f"scope_epsilon must be > 0 (eq. 8), got {self.scope_epsilon!r}")
+        for name in (
+            "vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("encoder_attention_heads", "decoder_attention_heads"):
+            heads = getattr(self, name)
+            if not isinstance(heads, int) or heads < 1 or self.d_model % heads:
+                raise ValueError(f"{name} must be a positive integer dividing d_model={self.d_model}, got {heads!r}")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+        if not isinstance(self.max_position_embeddings, int) or self.max_position_embeddings < 2:
+            raise ValueError(f"max_position_embeddings must be an integer >= 2, got {self.max_position_embeddings!r}")
+
+
+__all__ = ["GRANULARITY_MASKS", "GRANULARITY_MASK_MODES", "CDNPGConfig"]

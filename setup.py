@@ -1,0 +1,46 @@
+"""cdnpg: C-DNPG (Gu et al., COLING 2022) as a Hugging Face transformers model.
+
+Installs the model packages (`configuration_cdnpg`, `modeling_cdnpg`), the helper package `cdnpg` (data, Hub export,
+command line) and the `cdnpg` console script. torch is a range: bring the build you want (CUDA or CPU) first.
+"""
+
+from pathlib import Path
+
+from setuptools import setup
+
+setup(
+    name="cdnpg",
+    version="0.1.0",
+    description="C-DNPG: Continuous Decomposition of Granularity for Neural Paraphrase Generation, for transformers",
+    long_description=Path("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=["configuration_cdnpg", "modeling_cdnpg", "cdnpg"],
+    install_requires=["torch>=2.4", "transformers>=4.57,<6", "safetensors>=0.4", "huggingface_hub>=0.34"],
+    extras_require={
+        "train": [
+            "accelerate>=1.0",
+            "datasets>=3.0",
+            "evaluate>=0.4.3",
+            "tokenizers>=0.21",
+            "nltk>=3.9",
+            "sacrebleu>=2.4",
+            "matplotlib>=3.8",
+            "pyyaml>=6",
+        ],
+        "test": [
+            "accelerate>=1.0",
+            "datasets>=3.0",
+            "evaluate>=0.4.3",
+            "tokenizers>=0.21",
+            "nltk>=3.9",
+            "sacrebleu>=2.4",
+            "matplotlib>=3.8",
+            "pyyaml>=6",
+            "pytest>=8",
+            "ruff>=0.6",
+        ],
+    },
+    entry_points={"console_scripts": ["cdnpg=cdnpg.cli:main"]},
+)
