@@ -26,9 +26,16 @@ Supported: transformers 4.57.x and 5.x. This file is copied into every saved che
 only torch, transformers and its sibling configuration file.
 """
 
+import os
+import shutil
+import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedModel
@@ -46,6 +53,24 @@ try:  # remote code: the configuration file sits next to this one
     from .configuration_cdnpg import CDNPGConfig
 except ImportError:  # installed package: configuration_cdnpg is a sibling top-level package
     from configuration_cdnpg import CDNPGConfig
+
+if TYPE_CHECKING:  # never imported here, but names the file so that transformers copies it with the remote code
+    from .pipeline_cdnpg import CDNPGText2TextPipeline  # noqa: F401
+
+# What a saved checkpoint declares so that it loads anywhere with trust_remote_code=True
+AUTO_MAP = {
+    "AutoConfig": "configuration_cdnpg.CDNPGConfig",
+    "AutoModel": "modeling_cdnpg.CDNPGModel",
+    "AutoModelForSeq2SeqLM": "modeling_cdnpg.CDNPGForConditionalGeneration",
+}
+CUSTOM_PIPELINES = {
+    "text2text-generation": {
+        "impl": "pipeline_cdnpg.CDNPGText2TextPipeline",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "tf": [],
+        "type": "text",
+    }
+}
 
 MASK_FLOOR = 1e-32  # smallest mask value before the log (released code): log(1e-32) ≈ -73.7, i.e. weight ~ 0
 
@@ -407,6 +432,52 @@ class CDNPGPreTrainedModel(PreTrainedModel):
     _supports_flash_attn_2 = False
     _supports_flex_attn = False
     _supports_cache_class = True
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs) -> None:
+        """`PreTrainedModel.save_pretrained`, plus the remote code (configuration, modeling, pipeline) with its
+        `auto_map` and `custom_pipelines`, so that the folder loads anywhere with `trust_remote_code=True`.
+
+        Everything is written to a temporary sibling folder first and moved in file by file at the end: a save that
+        fails half-way leaves an existing checkpoint in `save_directory` intact.
+        """
+        target = Path(save_directory)
+        if target.is_file():
+            raise ValueError(f"save_directory {str(target)!r} is a file, not a folder")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
+        try:
+            self.config.auto_map = dict(AUTO_MAP)
+            self.config.custom_pipelines = CUSTOM_PIPELINES
+            super().save_pretrained(staging, *args, **kwargs)
+            here = Path(__file__).resolve()
+            config_file = Path(sys.modules[CDNPGConfig.__module__].__file__).resolve()
+            for source in (config_file, here, here.with_name("pipeline_cdnpg.py")):
+                shutil.copyfile(source, staging / source.name)
+            target.mkdir(exist_ok=True)
+            written = {path.name for path in staging.iterdir()}
+            for path in staging.iterdir():
+                os.replace(path, target / path.name)
+            for stale in [*target.glob("model*.safetensors*"), *target.glob("pytorch_model*.bin*")]:
+                if stale.name not in written:  # shards of an earlier save with another layout
+                    stale.unlink()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        if push_to_hub:
+            repo_id = kwargs.pop("repo_id", target.name)
+            hub_kwargs = {key: kwargs[key] for key in ("commit_message", "private", "token") if key in kwargs}
+            self.push_to_hub(repo_id, **hub_kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`; a truncated or corrupt weights file is reported by name."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            raise OSError(
+                f"The weights file (model.safetensors) of {str(pretrained_model_name_or_path)!r} is truncated or "
+                f"corrupt ({error}); save or download the checkpoint again."
+            ) from error
+
     # `_init_weights` is PreTrainedModel's: Normal(0, initializer_range) for every Linear (W_G included) and
     # Embedding, zero biases and padding row, unit LayerNorms.
 
@@ -659,6 +730,10 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         self.model = CDNPGModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
+        # The paper's decoding (Section 4.2): beam 8 over sentences of at most 20 tokens. A checkpoint's own
+        # generation_config.json replaces these on from_pretrained.
+        self.generation_config.num_beams = 8
+        self.generation_config.max_new_tokens = 20
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.shared

@@ -1,0 +1,288 @@
+"""A saved checkpoint is a complete Hub repository: it loads in a fresh process where this project is not importable
+(trust_remote_code), runs as pipeline("text2text-generation"), survives push_to_hub, and fails loudly when damaged.
+
+The fresh-process tests run with this environment's Python and, when CDNPG_COMPAT_PYTHON names the interpreter of a
+transformers 4.57.x environment (CI builds one), with that one too.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from cdnpg.data import template_corpus, train_wordpiece_tokenizer
+from cdnpg.hub import save_checkpoint
+from modeling_cdnpg import CDNPGForConditionalGeneration
+from tests.conftest import tiny_model
+
+SOURCES = ["how can i learn machine learning ?", "what is the best way to travel from paris to rome ?"]
+PYTHONS = [pytest.param(sys.executable, id="this-env")]
+if os.environ.get("CDNPG_COMPAT_PYTHON"):
+    PYTHONS.append(pytest.param(os.environ["CDNPG_COMPAT_PYTHON"], id="compat-env"))
+
+# Makes this project's packages unimportable, as on a machine where only transformers is installed.
+BLOCK_PROJECT = """
+import sys
+class _BlockProject:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"configuration_cdnpg", "modeling_cdnpg", "cdnpg", "tests"}:
+            raise ImportError(f"{name} must not be importable here")
+sys.meta_path.insert(0, _BlockProject())
+"""
+
+
+def run_isolated(python: str, code: str, cwd: Path, env: dict | None = None) -> dict:
+    """Run `code` in `python -I` (no cwd, no PYTHONPATH, no user site) from `cwd`; it prints one JSON line last."""
+    result = subprocess.run(
+        [python, "-I", "-c", BLOCK_PROJECT + textwrap.dedent(code)],
+        cwd=cwd,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", **(env or {})},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    corpus = template_corpus(num_train=300, num_valid=10, num_test=10, seed=0)["train"]
+    return train_wordpiece_tokenizer([*corpus["source"], *corpus["target"]], vocab_size=300, min_frequency=1)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return tiny_model(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        decoder_start_token_id=tokenizer.cls_token_id,
+        granularity_mask="product",
+    )
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, model, tokenizer) -> Path:
+    metrics = {"ibleu": 12.5, "bleu4": 30.25, "rougeL": 55.0}
+    return save_checkpoint(model, tokenizer, tmp_path_factory.mktemp("hub") / "cdnpg-tiny", metrics=metrics)
+
+
+def generate_ids(model, tokenizer, **kwargs) -> list[list[int]]:
+    inputs = tokenizer(SOURCES, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        return model.generate(**inputs, max_new_tokens=8, **kwargs).tolist()
+
+
+def test_checkpoint_folder_is_a_complete_hub_repository(checkpoint):
+    names = {path.name for path in checkpoint.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "README.md", "tokenizer.json"} <= names
+    assert {"configuration_cdnpg.py", "modeling_cdnpg.py", "pipeline_cdnpg.py"} <= names
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_cdnpg.CDNPGForConditionalGeneration"
+    assert config["auto_map"]["AutoConfig"] == "configuration_cdnpg.CDNPGConfig"
+    assert config["custom_pipelines"]["text2text-generation"]["impl"] == "pipeline_cdnpg.CDNPGText2TextPipeline"
+    generation = json.loads((checkpoint / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["max_new_tokens"]) == (8, 20)
+    tokenizer_config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"  # 4.57 cannot load "TokenizersBackend"
+    assert not list(checkpoint.parent.glob(".*saving-*")), "the staging folder is removed"
+
+
+def test_remote_code_files_import_only_torch_transformers_and_each_other(checkpoint):
+    allowed = {"torch", "transformers", "safetensors", "os", "shutil", "sys", "tempfile", "dataclasses", "pathlib"}
+    allowed |= {"typing"}
+    for name in ("configuration_cdnpg.py", "modeling_cdnpg.py", "pipeline_cdnpg.py"):
+        for line in (checkpoint / name).read_text().splitlines():
+            words = line.split()
+            if words[:1] in (["import"], ["from"]) and not words[1].startswith("."):
+                assert words[1].split(".")[0] in allowed | {"configuration_cdnpg"}, f"{name}: {line}"
+
+
+def test_model_card_has_hub_metadata_and_results(checkpoint):
+    card = (checkpoint / "README.md").read_text()
+    header = yaml.safe_load(card.split("---")[1])
+    assert header["library_name"] == "transformers"
+    assert header["pipeline_tag"] == "text2text-generation"
+    assert header["license"] == "apache-2.0"
+    metrics = header["model-index"][0]["results"][0]["metrics"]
+    assert {"type": "bleu", "name": "BLEU-4", "value": 30.25} in metrics
+    assert "$" not in card.split("```")[0], "every placeholder is filled"
+    assert "trust_remote_code=True" in card and "product" in card
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_fresh_process_loads_with_trust_remote_code_and_generates_the_same_ids(
+    python, checkpoint, model, tokenizer, tmp_path
+):
+    expected = generate_ids(model, tokenizer, num_beams=4)
+    got = run_isolated(
+        python,
+        f"""
+        import json, torch, transformers
+        from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+        path = {str(checkpoint)!r}
+        config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True).eval()
+        inputs = tokenizer({SOURCES!r}, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            ids = model.generate(**inputs, max_new_tokens=8, num_beams=4).tolist()
+        print(json.dumps({{"ids": ids, "type": type(model).__name__, "module": type(model).__module__,
+                          "mask": config.granularity_mask, "version": transformers.__version__}}))
+        """,
+        cwd=tmp_path,
+    )
+    assert got["type"] == "CDNPGForConditionalGeneration"
+    assert got["module"].startswith("transformers_modules"), "loaded from the checkpoint's own code"
+    assert got["mask"] == "product"
+    assert got["ids"] == expected, f"transformers {got['version']}"
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_fresh_process_text2text_generation_pipeline(python, checkpoint, model, tokenizer, tmp_path):
+    got = run_isolated(
+        python,
+        f"""
+        import json
+        from transformers import pipeline
+        paraphraser = pipeline("text2text-generation", model={str(checkpoint)!r}, trust_remote_code=True)
+        one = paraphraser({SOURCES[0]!r}, max_new_tokens=8)
+        many = paraphraser({SOURCES!r}, num_beams=4, num_return_sequences=2, max_new_tokens=8)
+        print(json.dumps({{"one": one, "many": many}}))
+        """,
+        cwd=tmp_path,
+    )
+    assert isinstance(got["one"], list) and len(got["one"]) == 1
+    assert set(got["one"][0]) == {"generated_text"} and isinstance(got["one"][0]["generated_text"], str)
+    assert len(got["many"]) == 2 and all(len(result) == 2 for result in got["many"])
+    inputs = tokenizer(SOURCES[:1], return_tensors="pt")
+    with torch.no_grad():
+        beam8 = model.generate(**inputs, max_new_tokens=8)  # generation_config: num_beams=8
+    assert got["one"][0]["generated_text"] == tokenizer.decode(beam8[0], skip_special_tokens=True)
+
+
+def test_installed_package_needs_no_trust_remote_code(checkpoint):
+    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+    assert type(model) is CDNPGForConditionalGeneration
+
+
+def materialise_snapshot(cache: Path, repo_id: str, files: dict[str, bytes]) -> None:
+    """Lay out captured uploads as the huggingface_hub cache does: models--org--name/{refs/main, snapshots/<rev>}."""
+    revision = hashlib.sha1(b"".join(files[name] for name in sorted(files))).hexdigest()
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    for name, data in files.items():
+        path = repo / "snapshots" / revision / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def capture_push(push) -> dict[str, bytes]:
+    """Run `push()` with huggingface_hub's network calls replaced; return what would have been uploaded."""
+    from huggingface_hub import CommitInfo, HfApi, RepoUrl
+
+    def fake_commit(self, repo_id, operations, *args, **kwargs):
+        for operation in operations:  # read now: the files usually live in a temporary folder
+            if not isinstance(operation.path_or_fileobj, bytes):
+                operation.path_or_fileobj = Path(operation.path_or_fileobj).read_bytes()
+        url = f"https://huggingface.co/{repo_id}/commit/0"
+        return CommitInfo(commit_url=url, commit_message="", commit_description="", oid="0" * 40)
+
+    with (
+        mock.patch.object(
+            HfApi, "create_repo", lambda self, repo_id, **kw: RepoUrl(f"https://huggingface.co/{repo_id}")
+        ),
+        mock.patch.object(HfApi, "create_commit", autospec=True, side_effect=fake_commit) as commit,
+    ):
+        push()
+    return {name: data for call in commit.call_args_list for name, data in _operations(call)}
+
+
+def _operations(call):
+    operations = call.kwargs.get("operations") or call.args[2]
+    for operation in operations:
+        yield operation.path_in_repo, operation.path_or_fileobj
+
+
+def test_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(model, tokenizer, tmp_path):
+    repo_id = "someone/cdnpg-tiny"
+    files = capture_push(lambda: model.push_to_hub(repo_id))
+    files.update(capture_push(lambda: tokenizer.push_to_hub(repo_id)))
+    assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "pipeline_cdnpg.py", "tokenizer.json"} <= set(
+        files
+    )
+    materialise_snapshot(tmp_path / "hub", repo_id, files)
+    expected = generate_ids(model, tokenizer, num_beams=2)
+    got = run_isolated(
+        sys.executable,
+        f"""
+        import json, torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({repo_id!r}, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained({repo_id!r}, trust_remote_code=True).eval()
+        inputs = tokenizer({SOURCES!r}, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            print(json.dumps({{"ids": model.generate(**inputs, max_new_tokens=8, num_beams=2).tolist()}}))
+        """,
+        cwd=tmp_path,
+        env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home")},
+    )
+    assert got["ids"] == expected
+
+
+def test_missing_weights_file_is_named(checkpoint, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in checkpoint.iterdir():
+        if path.name != "model.safetensors":
+            (broken / path.name).write_bytes(path.read_bytes())
+    with pytest.raises(OSError, match=r"model\.safetensors"):
+        AutoModelForSeq2SeqLM.from_pretrained(broken)
+
+
+def test_truncated_weights_file_is_named(checkpoint, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in checkpoint.iterdir():
+        data = path.read_bytes()
+        (broken / path.name).write_bytes(data[: len(data) // 2] if path.name == "model.safetensors" else data)
+    with pytest.raises(OSError, match=r"model\.safetensors.*truncated or corrupt"):
+        AutoModelForSeq2SeqLM.from_pretrained(broken)
+
+
+def test_failed_save_leaves_the_existing_checkpoint_intact(model, tokenizer, tmp_path):
+    target = save_checkpoint(model, tokenizer, tmp_path / "ckpt")
+    before = {path.name: path.read_bytes() for path in target.iterdir()}
+    other = tiny_model(seed=1, vocab_size=len(tokenizer))
+    with (
+        mock.patch("transformers.modeling_utils.safe_save_file", side_effect=OSError("disk full")),
+        pytest.raises(OSError, match="disk full"),
+    ):
+        other.save_pretrained(target)
+    with (
+        mock.patch("cdnpg.hub.save_tokenizer", side_effect=OSError("disk full")),
+        pytest.raises(OSError, match="disk full"),
+    ):
+        save_checkpoint(other, tokenizer, target)
+    assert {path.name: path.read_bytes() for path in target.iterdir()} == before
+    assert not list(tmp_path.glob(".*saving-*"))
+    reloaded = CDNPGForConditionalGeneration.from_pretrained(target)
+    assert torch.equal(reloaded.lm_head.weight, model.lm_head.weight)
+
+
+def test_tokenizer_in_checkpoint_round_trips(checkpoint, tokenizer):
+    reloaded = AutoTokenizer.from_pretrained(checkpoint)
+    assert reloaded(SOURCES)["input_ids"] == tokenizer(SOURCES)["input_ids"]
