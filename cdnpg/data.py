@@ -1117,7 +1117,8 @@ def train_wordpiece_tokenizer(
     The WordPiece decoder does not "clean up" spaces, so decoding reproduces the space-separated format of the
     references ("weight ?", not "weight?"), which BLEU against the paper's data needs. ``[CLS]`` / ``[SEP]`` double
     as BOS / EOS for generation. ``model_max_length`` bounds inputs only; the paper truncates sentences to 20 tokens
-    in preprocessing.
+    in preprocessing. The ``tokenizers`` trainer breaks frequency ties in a different order in every process, so two
+    trainings on the same text may differ in a few rare pieces: save the tokenizer with the run and reuse it.
     """
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)

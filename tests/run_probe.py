@@ -1,0 +1,46 @@
+"""Runs training/run.py's `main()` with test-only callbacks, for the resume and multi-process tests.
+
+    python tests/run_probe.py [--kill_after_step N] RUN_PY_ARGS...
+
+--kill_after_step N ends the process abruptly (os._exit) right after the checkpoint of step N is written, as a
+killed job would. At the end of training every process writes `weights-rank{R}.json` (a digest of its parameters) to
+the output directory, so that a test can check that all ranks hold identical weights.
+"""
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+from run import main
+
+
+class KillAfterSave(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os._exit(17)
+
+
+class WeightDigest(TrainerCallback):
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        digest = hashlib.sha256()
+        for name, tensor in sorted(model.state_dict().items()):
+            digest.update(name.encode() + tensor.detach().cpu().contiguous().numpy().tobytes())
+        rank = args.process_index
+        (Path(args.output_dir) / f"weights-rank{rank}.json").write_text(json.dumps({"sha256": digest.hexdigest()}))
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    callbacks = [WeightDigest()]
+    if argv[:1] == ["--kill_after_step"]:
+        callbacks.append(KillAfterSave(int(argv[1])))
+        argv = argv[2:]
+    main(argv, callbacks=callbacks)
