@@ -725,7 +725,11 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
     """C-DNPG with its language-modelling head tied to the shared embedding: a paraphrase generator."""
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
-    _keys_to_ignore_on_save = ["lm_head.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"]
+    _keys_to_ignore_on_save = [
+        "lm_head.weight",
+        "model.encoder.embed_tokens.weight",
+        "model.decoder.embed_tokens.weight",
+    ]
 
     def __init__(self, config: CDNPGConfig):
         super().__init__(config)
