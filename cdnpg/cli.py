@@ -1,0 +1,458 @@
+"""The `cdnpg` command line: paraphrase sentences with a C-DNPG model, and draw the paper's Figure 2 (the granularity
+z of every layer) for any sentence.
+
+    cdnpg paraphrase --model DIR "how do i learn python ?" "what is the capital of france ?"
+    cdnpg paraphrase --model DIR --input questions.txt --output paraphrases.jsonl --num-return-sequences 3
+    cdnpg granularity --model DIR "how do i learn python ?" --out figure.png --decoder --show
+
+Exit codes: 0 success; 1 runtime error (a model or input file that is missing or cannot be loaded, a failure while
+running); 2 usage error (a malformed command line: unknown option, bad value, options that contradict each other,
+an unsupported --out suffix). Errors are one line on stderr; `-v` adds the traceback. See docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger("cdnpg.cli")  # not __name__: `python -m cdnpg.cli` runs it as __main__
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+REPO_ID_PATTERN = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # "owner/name": the only non-path form --model takes
+
+
+class CLIError(Exception):
+    """An error the user can act on: reported as one line on stderr, exit code 1."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model loading
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def resolve_device(name: str) -> str:
+    """`auto` -> cuda when available, else cpu; a CUDA device that is not there is an error, not a silent fallback."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise CLIError(f"--device {name}: CUDA is not available on this machine (use --device cpu or auto)")
+    return name
+
+
+def load_model(
+    name_or_path: str, device: str = "auto", trust_remote_code: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Model and tokenizer through the Auto classes, from a local directory or a Hub repo id, in eval mode.
+
+    A path that does not exist and is not of the form "owner/name" fails at once, naming the path, before any
+    download is attempted.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise CLIError(f"--model {name_or_path}: is a file; give a saved model directory or a Hub repo id")
+        if not (path / "config.json").is_file():
+            raise CLIError(f"--model {name_or_path}: no config.json there, not a saved model directory")
+        source, where = str(path), "directory"
+    elif REPO_ID_PATTERN.fullmatch(name_or_path):
+        logger.info("%s: no such directory, trying it as a Hugging Face Hub repo", name_or_path)
+        source, where = name_or_path, "no such directory; as a Hub repo"
+    else:
+        raise CLIError(f"--model {name_or_path}: no such model directory")
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes: local checkpoints need no remote code)
+
+    device = resolve_device(device)
+    logger.info("loading %s on %s", name_or_path, device)
+    try:  # the model first: a wrong path or repo fails on its config.json, before any tokenizer file is tried
+        model = AutoModelForSeq2SeqLM.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CLIError(f"--model {name_or_path}: cannot load it ({where}): {reason}") from err
+    return model.to(device).eval(), tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# paraphrase
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def paraphrase(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    num_beams: int | None = None,
+    num_return_sequences: int = 1,
+    max_new_tokens: int | None = None,
+    first_index: int = 1,
+) -> list[list[str]]:
+    """`num_return_sequences` paraphrases of each text, as one batch; an empty text gets none, with a warning.
+
+    Inputs longer than the model takes are truncated to that (not to the paper's 20 tokens), with a warning.
+    `first_index` numbers the texts in warnings (their line number in the input).
+    """
+    from cdnpg.granularity import content_tokens, encode, generation_kwargs, input_limit
+
+    results: list[list[str]] = [[] for _ in texts]
+    todo = []
+    for offset, text in enumerate(texts):
+        if text.strip():
+            todo.append(offset)
+        else:
+            logger.warning("input %d is empty: passed through with no paraphrase", first_index + offset)
+    if not todo:
+        return results
+    limit, reason = input_limit(model, tokenizer)
+    sources = [texts[o].strip() for o in todo]
+    batch = encode(tokenizer, sources, limit, reason, numbers=[first_index + o for o in todo]).to(model.device)
+    settings = generation_kwargs(
+        model,
+        content_tokens(tokenizer, batch),
+        num_beams=num_beams,
+        num_return_sequences=num_return_sequences,
+        max_new_tokens=max_new_tokens,
+    )
+    sequences = model.generate(**batch, **settings)
+    decoded = tokenizer.batch_decode(sequences, skip_special_tokens=True)
+    for rank, offset in enumerate(todo):
+        candidates = decoded[rank * num_return_sequences : (rank + 1) * num_return_sequences]
+        results[offset] = [" ".join(c.split()) for c in candidates]  # one line each: no tabs or newlines inside
+    return results
+
+
+def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _stdin_lines() -> Iterator[str]:
+    if sys.stdin.isatty():
+        logger.info("reading sentences from stdin, one per line; end with Ctrl-D")
+    for line in sys.stdin:
+        yield line.rstrip("\r\n")
+
+
+def _check_paraphrase(args: argparse.Namespace) -> str | None:
+    if args.text and args.input:
+        return "give sentences as arguments or with --input FILE, not both"
+    if args.batch_size < 1:
+        return f"--batch-size must be at least 1, got {args.batch_size}"
+    if args.num_return_sequences < 1:
+        return f"--num-return-sequences must be at least 1, got {args.num_return_sequences}"
+    if args.num_beams is not None and args.num_return_sequences > args.num_beams:
+        return (
+            f"--num-return-sequences {args.num_return_sequences} cannot exceed --num-beams {args.num_beams} "
+            "(beam search returns at most one sequence per beam)"
+        )
+    return _check_generation(args)
+
+
+def _run_paraphrase(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    if args.input is not None and not Path(args.input).is_file():
+        raise CLIError(f"--input {args.input}: no such file")
+    if args.output is not None and not Path(args.output).resolve().parent.is_dir():
+        raise CLIError(f"--output {args.output}: its directory does not exist")
+    model, tokenizer = load_model(args.model, args.device, args.trust_remote_code)
+
+    total = None
+    if args.text:
+        lines: Iterable[str] = args.text
+    elif args.input is not None:
+        lines = Path(args.input).read_text(encoding="utf-8").splitlines()
+        total = len(lines)
+    else:
+        lines = _stdin_lines()
+
+    out: TextIO = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+    progress = tqdm(total=total, unit="sentence", disable=None if total else True, file=sys.stderr)
+    written = 0
+    try:
+        with logging_redirect_tqdm(loggers=[logging.getLogger("cdnpg")]):
+            for batch in _batched(lines, args.batch_size):
+                results = paraphrase(
+                    model,
+                    tokenizer,
+                    batch,
+                    num_beams=args.num_beams,
+                    num_return_sequences=args.num_return_sequences,
+                    max_new_tokens=args.max_new_tokens,
+                    first_index=written + 1,
+                )
+                for source, paraphrases in zip(batch, results):
+                    if args.output:
+                        record = {"source": source, "paraphrases": paraphrases}
+                        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    else:
+                        out.write("\t".join(paraphrases) + "\n")
+                out.flush()  # stream: a pipe sees each batch as soon as it is done
+                written += len(batch)
+                progress.update(len(batch))
+    finally:
+        progress.close()
+        if out is not sys.stdout:
+            out.close()
+    if args.output:
+        logger.info("wrote %d lines to %s", written, args.output)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# granularity
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _check_granularity(args: argparse.Namespace) -> str | None:
+    from cdnpg.granularity import FIGURE_SUFFIXES
+
+    if not args.out and not args.show:
+        return "nothing to do: give --out FILE (.png, .svg, .pdf or .html) and/or --show"
+    for out in args.out:
+        if Path(out).suffix.lower() not in FIGURE_SUFFIXES:
+            allowed = ", ".join(FIGURE_SUFFIXES)
+            return f"--out {out}: unsupported file type {Path(out).suffix or '(none)'!r}; use one of {allowed}"
+    if not args.text.strip():
+        return "the sentence is empty"
+    return _check_generation(args)
+
+
+def _use_color() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+def _run_granularity(args: argparse.Namespace) -> int:
+    from cdnpg.granularity import GranularityUnavailableError, render, render_text, word_granularities
+
+    for out in args.out:
+        if not Path(out).resolve().parent.is_dir():
+            raise CLIError(f"--out {out}: its directory does not exist")
+    model, tokenizer = load_model(args.model, args.device, args.trust_remote_code)
+    try:
+        rows = word_granularities(
+            model,
+            tokenizer,
+            args.text,
+            decoder=args.decoder,
+            num_beams=args.num_beams,
+            max_new_tokens=args.max_new_tokens,
+        )
+    except GranularityUnavailableError as err:
+        raise CLIError(f"--model {args.model}: {err}") from err
+    for out in args.out:
+        logger.info("wrote %s", render(rows, out))
+    if args.show:
+        sys.stdout.write(render_text(rows, color=_use_color()))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Parser and entry point
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _check_generation(args: argparse.Namespace) -> str | None:
+    if args.num_beams is not None and args.num_beams < 1:
+        return f"--num-beams must be at least 1, got {args.num_beams}"
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        return f"--max-new-tokens must be at least 1, got {args.max_new_tokens}"
+    return None
+
+
+def _device(value: str) -> str:
+    if not DEVICE_PATTERN.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of auto, cpu, cuda, cuda:N, mps")
+    return value
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cdnpg")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `cdnpg` parser: one subcommand per task, each with the shared model and generation options."""
+    model_options = argparse.ArgumentParser(add_help=False)
+    group = model_options.add_argument_group("model")
+    group.add_argument(
+        "--model", required=True, metavar="DIR_OR_REPO", help="saved model directory, or a Hub repo id (owner/name)"
+    )
+    group.add_argument(
+        "--device",
+        type=_device,
+        default="auto",
+        metavar="DEVICE",
+        help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, mps",
+    )
+    group.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a Hub repo's own modeling code (not needed where this package is installed)",
+    )
+    model_options.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors")
+    generation = model_options.add_argument_group("generation (granularity: only with --decoder)")
+    generation.add_argument(
+        "--num-beams",
+        type=int,
+        default=None,
+        metavar="N",
+        help="beam size (default: the model's generation_config, 8 for C-DNPG as in the paper)",
+    )
+    generation.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="paraphrase length cap in tokens (default: the model's generation_config, 20 for C-DNPG, raised to the "
+        "input's length for longer inputs), never more than the model's positions allow",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="cdnpg",
+        description="C-DNPG (Gu et al., COLING 2022): paraphrase generation and granularity figures.",
+        epilog="Exit codes: 0 ok, 1 runtime error, 2 usage error. See docs/cli.md.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    para = commands.add_parser(
+        "paraphrase",
+        parents=[model_options],
+        help="paraphrase sentences",
+        description="Paraphrase sentences given as arguments, read from --input FILE or from stdin (one per line). "
+        "Without --output, prints one line per input, its paraphrases separated by tabs (an empty line for "
+        "an empty input); with --output, writes JSONL {source, paraphrases}.",
+    )
+    para.add_argument("text", nargs="*", help="sentences to paraphrase (default: --input FILE, else stdin)")
+    para.add_argument("--input", "-i", metavar="FILE", help="text file, one sentence per line")
+    para.add_argument(
+        "--output", "-o", metavar="FILE", help='JSONL file: one {"source": ..., "paraphrases": [...]} per input line'
+    )
+    para.add_argument(
+        "--batch-size", type=int, default=32, metavar="N", help="sentences per generate() call (default 32)"
+    )
+    para.add_argument(
+        "--num-return-sequences", "-n", type=int, default=1, metavar="N", help="paraphrases per sentence (default 1)"
+    )
+    para.set_defaults(check=_check_paraphrase, run=_run_paraphrase, parser=para)
+
+    gran = commands.add_parser(
+        "granularity",
+        parents=[model_options],
+        help="draw z per layer for a sentence (the paper's Figure 2)",
+        description="The granularity z (eq. 4) of every encoder layer for one sentence, per word (the mean of its "
+        "word pieces; [CLS]/[SEP] omitted): 0 = sentence-level template, 1 = phrase-level detail.",
+    )
+    gran.add_argument("text", help="the sentence (quote it)")
+    gran.add_argument(
+        "--out",
+        "-o",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="output file: .png, .svg or .pdf (matplotlib heat map) or .html; repeat for several",
+    )
+    gran.add_argument(
+        "--decoder",
+        action="store_true",
+        help="also the decoder layers' self-attention z over the model's own paraphrase of the sentence",
+    )
+    gran.add_argument("--show", action="store_true", help="print a words x layers table of z to stdout")
+    gran.set_defaults(check=_check_granularity, run=_run_granularity, parser=gran)
+    return parser
+
+
+class _Formatter(logging.Formatter):
+    """One-line messages a user can tell from the model's output: "cdnpg: ..." for progress, "cdnpg: warning: ..."
+    and "cdnpg: error: ..." (argparse's own style) otherwise."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        if record.levelno == logging.INFO:
+            return f"cdnpg: {message}"
+        return f"cdnpg: {record.levelname.lower()}: {message}"
+
+
+@contextlib.contextmanager
+def _cli_logging(verbose: bool) -> Iterator[None]:
+    """One-line messages on stderr for the run, then the logging state as it was: `main` is callable from Python."""
+    from transformers.utils import logging as hf_logging
+
+    package, hub = logging.getLogger("cdnpg"), logging.getLogger("huggingface_hub")
+    saved = (package.handlers[:], package.level, package.propagate, hub.level)
+    hf_saved = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter())
+    package.handlers[:] = [handler]
+    package.setLevel(logging.DEBUG if verbose else logging.INFO)
+    package.propagate = False
+    if not verbose:
+        hf_logging.set_verbosity_error()  # our own warnings cover what a user of this command needs
+        hf_logging.disable_progress_bar()  # "Loading weights" bars: noise on every call
+        hub.setLevel(logging.ERROR)  # "Retrying in 4s" lines: the one-line error says what failed
+    try:
+        yield
+    finally:
+        package.handlers[:], package.level, package.propagate, hub.level = saved
+        hf_logging.set_verbosity(hf_saved[0])
+        if hf_saved[1]:
+            hf_logging.enable_progress_bar()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `cdnpg` with `argv` (default: sys.argv[1:]); return the exit code (0 ok, 1 runtime, 2 usage error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        problem = args.check(args)
+        if problem:
+            args.parser.error(problem)
+    except SystemExit as stop:  # argparse: --help, --version (0) and usage errors (2)
+        return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    with _cli_logging(args.verbose):
+        try:
+            return args.run(args)
+        except BrokenPipeError:  # the reader left (`cdnpg paraphrase ... | head`): stop quietly
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            return EXIT_ERROR
+        except CLIError as err:
+            logger.error("%s", err, exc_info=args.verbose)
+        except (OSError, ValueError, RuntimeError) as err:
+            logger.error("%s: %s", type(err).__name__, err, exc_info=args.verbose)
+        except KeyboardInterrupt:
+            logger.error("interrupted")
+            return 130
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

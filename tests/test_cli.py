@@ -1,0 +1,461 @@
+"""The `cdnpg` command line and the granularity figure (cdnpg.cli, cdnpg.granularity).
+
+End-to-end tests run the real entry points in a fresh process (`python -m cdnpg.cli` and the installed `cdnpg`
+script) on a tiny random model saved once per module; each costs a few seconds of imports, so there are few of
+them. Everything that does not need a process (rendering, layout, generation settings, usage errors) runs here.
+"""
+
+import itertools
+import json
+import logging
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from cdnpg.cli import main
+from cdnpg.granularity import (
+    DPI,
+    SCALE_LABEL,
+    GranularityUnavailableError,
+    LayerRow,
+    figure_size,
+    generation_kwargs,
+    granularity_figure,
+    input_limit,
+    png_size,
+    render_html,
+    render_text,
+    word_granularities,
+    z_to_rgb,
+)
+from tests.conftest import tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = [
+    "how do i learn python quickly ?",
+    "what is the best way to lose weight ?",
+    "how can i improve my english speaking skills ?",
+    "why is the sky blue ?",
+    "what are the best books to read this year ?",
+    "how do i start a small business ?",
+]
+SENTENCE = "how do i learn python quickly ?"
+SPLIT_SENTENCE = "how do pythonic weights work ?"  # "pythonic", "weights" are several pieces in the tiny vocabulary
+MAX_POSITIONS = 64  # tiny_config's max_position_embeddings
+
+
+def train_tokenizer() -> PreTrainedTokenizerFast:
+    """A lowercase BERT-style WordPiece tokenizer, small enough that unseen words split into pieces."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.WordPieceTrainer(vocab_size=120, special_tokens=special, show_progress=False)
+    tokenizer.train_from_iterator(CORPUS * 3, trainer=trainer)
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def save_tiny(directory: Path, tokenizer: PreTrainedTokenizerFast, **overrides) -> Path:
+    model = tiny_model(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        decoder_start_token_id=tokenizer.cls_token_id,
+        **overrides,
+    )
+    with torch.no_grad():  # special tokens score 0: the random model's paraphrases are words, never only [UNK]/[SEP]
+        model.get_input_embeddings().weight[tokenizer.all_special_ids] = 0
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("cli") / "tiny", train_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def none_model_dir(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("cli") / "baseline", train_tokenizer(), granularity_mask="none")
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+
+
+def run_cli(*args: str, stdin: str | None = None, cwd: Path | None = None, executable: str | None = None):
+    """The CLI in a fresh process: `python -m cdnpg.cli`, or the given console script."""
+    command = [executable] if executable else [sys.executable, "-m", "cdnpg.cli"]
+    return subprocess.run(
+        [*command, *args],
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        timeout=300,
+        # one thread: a tiny model gains nothing from more, and loses a lot to contention on a busy CI machine
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "OMP_NUM_THREADS": "1"},
+    )
+
+
+def output_lines(stdout: str) -> list[str]:
+    """Lines of stdout, keeping empty ones (an empty input gives an empty line)."""
+    assert stdout.endswith("\n")
+    return stdout[:-1].split("\n")
+
+
+def png_dimensions(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def rows_for(words_encoder: list[str], words_decoder: list[str] | None = None) -> list[LayerRow]:
+    """Synthetic rows: 3 encoder layers (and 3 decoder layers) with z spread over [0, 1]."""
+    rows = []
+    for layer in range(1, 4):
+        z = [(layer * 0.3 + j * 0.17) % 1 for j in range(len(words_encoder))]
+        rows.append(LayerRow(f"encoder {layer}", "encoder", words_encoder, z, " ".join(words_encoder), "encoder"))
+    for layer in range(1, 4) if words_decoder else ():
+        z = [(layer * 0.2 + j * 0.31) % 1 for j in range(len(words_decoder))]
+        sentence = " ".join(words_decoder)
+        rows.append(LayerRow(f"decoder {layer}", "decoder", words_decoder, z, sentence, "decoder (greedy decoding)"))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# paraphrase, end to end
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_paraphrase_arguments_one_line_each_with_num_return_sequences(model_dir):
+    result = run_cli("paraphrase", "--model", str(model_dir), SENTENCE, "why is the sky blue ?", "-n", "3")
+    assert result.returncode == 0, result.stderr
+    lines = output_lines(result.stdout)
+    assert len(lines) == 2
+    assert all(len(line.split("\t")) == 3 for line in lines)
+
+
+def test_paraphrase_stdin_passes_empty_lines_through_with_a_warning(model_dir):
+    result = run_cli("paraphrase", "--model", str(model_dir), "--num-beams", "2", stdin=f"{SENTENCE}\n\nwhy ?\n")
+    assert result.returncode == 0, result.stderr
+    lines = output_lines(result.stdout)
+    assert len(lines) == 3
+    assert lines[1] == ""
+    assert "warning: input 2 is empty" in result.stderr
+
+
+def test_paraphrase_file_to_jsonl_truncates_long_input_with_a_warning(model_dir, loaded, tmp_path):
+    long_line = " ".join(["how"] * 100)  # more than the 64 positions of the tiny model
+    tokens = len(loaded[1](long_line)["input_ids"])
+    source = tmp_path / "in.txt"
+    source.write_text(f"{SENTENCE}\n{long_line}\nwhy is the sky blue ?\n", encoding="utf-8")
+    output = tmp_path / "out.jsonl"
+    result = run_cli(
+        "paraphrase", "--model", str(model_dir), "--input", str(source), "--output", str(output), "-n", "2",
+        "--batch-size", "2", "--max-new-tokens", "8",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    assert [r["source"] for r in records] == [SENTENCE, long_line, "why is the sky blue ?"]
+    assert all(set(r) == {"source", "paraphrases"} and len(r["paraphrases"]) == 2 for r in records)
+    assert all(isinstance(p, str) for r in records for p in r["paraphrases"])
+    assert (
+        f"input 2 has {tokens} tokens, more than the model takes: truncated to its first {MAX_POSITIONS}"
+        in result.stderr
+    )
+    assert f"max_position_embeddings={MAX_POSITIONS}" in result.stderr
+    assert "input 1 " not in result.stderr and "input 3 " not in result.stderr
+    assert result.stdout == ""
+
+
+def test_installed_console_script(model_dir):
+    venv_bin = str(Path(sys.executable).parent)
+    executable = shutil.which("cdnpg", path=os.pathsep.join([venv_bin, os.environ.get("PATH", "")]))
+    if executable is None:
+        pytest.skip("the cdnpg console script is not installed (pip install -e .)")
+    result = run_cli("paraphrase", "--model", str(model_dir), "--num-beams", "1", SENTENCE, executable=executable)
+    assert result.returncode == 0, result.stderr
+    assert len(output_lines(result.stdout)) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# granularity, end to end
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_granularity_png_html_and_terminal_table(model_dir, loaded, tmp_path):
+    figure, page_path = tmp_path / "figure.png", tmp_path / "figure.html"
+    outputs = ["--out", str(figure), "--out", str(page_path), "--show"]
+    options = ["--decoder", "--num-beams", "2", "--max-new-tokens", "6"]
+    result = run_cli("granularity", "--model", str(model_dir), SENTENCE, *outputs, *options)
+    assert result.returncode == 0, result.stderr
+    # the same rows in this process (beam search is deterministic) give the size the renderer computes
+    rows = word_granularities(*loaded, SENTENCE, decoder=True, num_beams=2, max_new_tokens=6)
+    assert png_dimensions(figure) == png_size(rows)
+    width, height = figure_size(rows)
+    assert png_size(rows) == (width * DPI, height * DPI)
+    for word in SENTENCE.split():
+        assert word in result.stdout
+    for name in ("encoder 1", "encoder 2", "decoder 1", "decoder 2"):
+        assert name in result.stdout
+    assert "beam search, 2 beams" in result.stdout
+    assert SCALE_LABEL in result.stdout
+    assert "\x1b[" not in result.stdout  # no colour codes into a pipe
+
+    page = page_path.read_text(encoding="utf-8")
+    for word in [*SENTENCE.split(), *rows[-1].words]:
+        assert f">{word}</span>" in page
+    assert "encoder 2" in page and "decoder 2" in page
+    assert (
+        "<link" not in page and "<script" not in page and "src=" not in page and "url(" not in page
+    )  # self-contained
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# errors, end to end: one line on stderr, no traceback, the exit code
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_missing_model_path_is_named(tmp_path):
+    missing = tmp_path / "no-such-model"
+    result = run_cli("paraphrase", "--model", str(missing), SENTENCE)
+    assert result.returncode == 1
+    assert str(missing) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+# In process from here on: `main(argv)` is the same code without the seconds of imports of a fresh process.
+
+
+def test_granularity_of_a_model_without_granularity_heads_is_a_clear_error(none_model_dir, tmp_path, capsys):
+    figure = tmp_path / "f.png"
+    assert main(["granularity", "--model", str(none_model_dir), SENTENCE, "--out", str(figure)]) == 1
+    err = capsys.readouterr().err
+    assert "granularity_mask='none'" in err and "no granularity heads" in err
+    assert "Traceback" not in err
+    assert not figure.exists()
+
+
+def test_unknown_out_suffix_is_a_usage_error_naming_the_allowed_ones(model_dir, tmp_path, capsys):
+    assert main(["granularity", "--model", str(model_dir), SENTENCE, "--out", str(tmp_path / "figure.jpg")]) == 2
+    err = capsys.readouterr().err
+    assert "'.jpg'" in err and ".png" in err and ".html" in err
+
+
+def test_main_leaves_logging_as_it_found_it(model_dir, capsys):
+    package = logging.getLogger("cdnpg")
+    before = (package.handlers[:], package.level, package.propagate)
+    assert main(["paraphrase", "--model", str(model_dir), "--num-beams", "1", "--max-new-tokens", "2", ""]) == 0
+    assert "input 1 is empty" in capsys.readouterr().err
+    assert (package.handlers, package.level, package.propagate) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Usage errors, z per word, generation settings, rendering
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "required"),
+        (["granularity", "--model", "m", "text"], "nothing to do"),
+        (["granularity", "--model", "m", "  ", "--show"], "empty"),
+        (["paraphrase", "--model", "m", "text", "--input", "f.txt"], "not both"),
+        (["paraphrase", "--model", "m", "text", "--num-beams", "2", "-n", "3"], "cannot exceed --num-beams 2"),
+        (["paraphrase", "--model", "m", "text", "--batch-size", "0"], "--batch-size"),
+        (["paraphrase", "--model", "m", "text", "--device", "gpu"], "--device"),
+        (["paraphrase", "text"], "--model"),
+    ],
+)
+def test_usage_errors_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_exits_0(capsys):
+    assert main(["granularity", "--help"]) == 0
+    assert "--decoder" in capsys.readouterr().out
+
+
+def test_word_z_is_the_mean_of_its_pieces(loaded):
+    model, tokenizer = loaded
+    encoding = tokenizer(SPLIT_SENTENCE, return_tensors="pt")
+    pieces = tokenizer.convert_ids_to_tokens(encoding["input_ids"][0])
+    assert any(p.startswith("##") for p in pieces), "the test needs a word split into pieces"
+    rows = word_granularities(model, tokenizer, SPLIT_SENTENCE)
+    assert [row.name for row in rows] == ["encoder 1", "encoder 2"]
+    assert all(row.words == SPLIT_SENTENCE.split() for row in rows)  # words, not pieces; no [CLS]/[SEP]
+
+    with torch.no_grad():
+        z = model.get_encoder()(**encoding, output_granularities=True).granularities
+    word_ids = encoding.word_ids(0)
+    for layer, row in enumerate(rows):
+        for word, value in enumerate(row.z):
+            positions = [p for p, w in enumerate(word_ids) if w == word]
+            assert value == pytest.approx(z[layer][0, positions].mean().item(), abs=1e-6)
+
+
+def test_decoder_rows_follow_the_models_own_paraphrase(loaded):
+    model, tokenizer = loaded
+    rows = word_granularities(model, tokenizer, SENTENCE, decoder=True, num_beams=1, max_new_tokens=5)
+    decoder_rows = [row for row in rows if row.stack == "decoder"]
+    assert [row.name for row in decoder_rows] == ["decoder 1", "decoder 2"]
+    generated = model.generate(**tokenizer(SENTENCE, return_tensors="pt"), num_beams=1, max_new_tokens=5)
+    paraphrase = tokenizer.decode(generated[0], skip_special_tokens=True)
+    assert decoder_rows[0].sentence == paraphrase
+    assert "greedy decoding" in decoder_rows[0].description
+    assert all(0 < z < 1 for row in decoder_rows for z in row.z)
+    assert all(len(row.z) == len(row.words) for row in rows)
+
+
+def test_granularity_needs_granularity_heads(none_model_dir):
+    model = AutoModelForSeq2SeqLM.from_pretrained(none_model_dir)
+    with pytest.raises(GranularityUnavailableError, match="granularity_mask='none'"):
+        word_granularities(model, AutoTokenizer.from_pretrained(none_model_dir), SENTENCE)
+
+
+def test_empty_sentence_is_refused(loaded):
+    with pytest.raises(ValueError, match="empty"):
+        word_granularities(*loaded, "   ")
+
+
+def test_input_limit_is_the_models_positions_not_the_papers_20_tokens(loaded):
+    model, tokenizer = loaded
+    assert input_limit(model, tokenizer) == (MAX_POSITIONS, f"the model's max_position_embeddings={MAX_POSITIONS}")
+    smaller = SimpleNamespace(model_max_length=16)  # a tokenizer that declares a lower limit lowers it
+    assert input_limit(model, smaller) == (16, "the tokenizer's model_max_length=16")
+
+
+def test_generation_settings(loaded, caplog):
+    model, _ = loaded
+    # the checkpoint's generation_config: the paper's beam 8 and 20 new tokens
+    assert generation_kwargs(model, 10) == {
+        "num_beams": 8,
+        "num_return_sequences": 1,
+        "max_new_tokens": 20,
+        "max_length": None,
+    }
+    assert generation_kwargs(model, 40)["max_new_tokens"] == 40  # a long input is not cut at 20
+    assert generation_kwargs(model, 100)["max_new_tokens"] == MAX_POSITIONS - 1  # the decoder's positions
+    assert generation_kwargs(model, 10, num_return_sequences=12)["num_beams"] == 12
+    with caplog.at_level("WARNING", logger="cdnpg"):
+        assert generation_kwargs(model, 10, max_new_tokens=500)["max_new_tokens"] == MAX_POSITIONS - 1
+    assert "max_new_tokens=500" in caplog.text
+    with pytest.raises(ValueError, match="cannot exceed"):
+        generation_kwargs(model, 10, num_beams=2, num_return_sequences=3)
+
+
+def test_render_text_table_and_colours():
+    rows = rows_for(["how", "do", "i", "learn", "python", "?"], ["how", "can", "i", "study", "python", "?"])
+    text = render_text(rows)
+    for name in [row.name for row in rows]:
+        assert name in text
+    assert "study" in text and "learn" in text
+    assert f"{rows[0].z[3]:.2f}" in text
+    assert "\x1b[" not in text
+    colored = render_text(rows, color=True)
+    r, g, b = z_to_rgb(rows[0].z[0])
+    assert f"\x1b[48;2;{r};{g};{b}m" in colored
+
+
+def test_render_html_escapes_words_and_has_tooltips_and_legend():
+    rows = rows_for(["<b>", "&", "python"])
+    page = render_html(rows)
+    assert "<b></span>" not in page and "&lt;b&gt;" in page and "&amp;" in page
+    assert f'title="python: z = {rows[0].z[2]:.2f} (encoder 1)"' in page
+    assert "sentence-level template" in page and "phrase-level detail" in page
+    assert "mean z of its word pieces" in page
+    assert page.count("<tr>") == 3
+
+
+def test_colour_scale_ends_and_middle():
+    assert z_to_rgb(0.0) == (59, 76, 192)  # template: blue
+    assert z_to_rgb(0.5) == (221, 221, 221)  # neutral grey
+    assert z_to_rgb(1.0) == (180, 4, 38)  # detail: red
+    assert z_to_rgb(-1.0) == z_to_rgb(0.0) and z_to_rgb(2.0) == z_to_rgb(1.0)
+
+
+def test_figure_grows_with_words_and_layers():
+    short = rows_for(["why", "?"])
+    long = rows_for([f"w{i}" for i in range(30)])
+    with_decoder = rows_for(["why", "?"], ["why", "so", "?"])
+    assert figure_size(long)[0] > figure_size(short)[0]
+    assert figure_size(with_decoder)[1] > figure_size(short)[1]
+    for rows in (short, long, with_decoder):
+        width, height = figure_size(rows)
+        assert (width * 4).is_integer() and (height * 4).is_integer()  # exact pixel counts
+
+
+@pytest.mark.parametrize(
+    "words, paraphrase",
+    [
+        (["why", "is", "the", "sky", "blue", "?"], ["why", "so", "?"]),
+        (
+            ["how", "can", "i", "stop", "procrastinating", "and", "finish", "my", "thesis", "unbelievably", "$5", "?"],
+            ["a", "paraphrase", "of", "it"],
+        ),
+        (["https://example.com/a/very/long/address/indeed", "x"], ["y"]),
+        (["x"], ["making" * 30]),  # an untrained model's paraphrase: one endless word, in the panel title too
+    ],
+)
+def test_figure_text_stays_on_the_page_and_clear_of_other_elements(words, paraphrase):
+    """Every label, title and note lies inside the figure, and no word label runs into another panel, the colour
+    bar or a title; unrotated labels do not overlap each other."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    figure = granularity_figure(rows_for(words, paraphrase))
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    page = figure.bbox
+    heatmaps, colorbar_axes = figure.axes[:-1], figure.axes[-1]
+    boxes = {}
+    for axes in figure.axes:
+        for label in [*axes.get_xticklabels(), *axes.get_yticklabels(), axes.title, axes.xaxis.label]:
+            if label.get_text():
+                boxes[label] = label.get_window_extent(renderer)
+    for text in figure.texts:
+        boxes[text] = text.get_window_extent(renderer)
+    for artist, box in boxes.items():
+        assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1, f"{artist.get_text()!r} leaves the page sideways"
+        assert page.y0 - 1 <= box.y0 and box.y1 <= page.y1 + 1, f"{artist.get_text()!r} leaves the page vertically"
+    titles = [axes.title for axes in heatmaps] + list(figure.texts) + [colorbar_axes.xaxis.label]
+    for axes in heatmaps:
+        labels = [label for label in axes.get_xticklabels() if label.get_text()]
+        others = [a.get_window_extent(renderer) for a in figure.axes if a is not axes]
+        others += [boxes[t] for t in titles if t in boxes and t is not axes.title]
+        for label in labels:
+            assert not any(boxes[label].overlaps(other) for other in others), f"{label.get_text()!r} collides"
+        if labels and labels[0].get_rotation() == 0:
+            for left, right in itertools.pairwise(labels):
+                assert boxes[left].x1 <= boxes[right].x0 + 1, f"{left.get_text()!r} runs into {right.get_text()!r}"
