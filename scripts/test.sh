@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command (README.md, .ci/run): installs everything on a fresh machine, checks style, runs the suite, and
+# runs the remote-code tests a second time in a transformers 4.57.x environment (.venv-compat).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh test
+
+# transformers 4.57.x beside the current 5.x: checkpoints saved here must load there with trust_remote_code
+PYTHON="${PYTHON:-python3}"
+[ -x .venv-compat/bin/python ] || "$PYTHON" -m venv .venv-compat
+.venv-compat/bin/python -m pip install --quiet --upgrade pip
+.venv-compat/bin/python -m pip install --quiet torch==2.13.0 "transformers==4.57.*" safetensors
+
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+CDNPG_COMPAT_PYTHON="$PWD/.venv-compat/bin/python" .venv/bin/python -m pytest -q "$@"
