@@ -812,7 +812,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             token_losses = F.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]), labels.view(-1).to(logits.device), reduction="none"
+                logits.float().flatten(0, 1), labels.flatten().to(logits.device), reduction="none"
             )  # ignore_index -100 gives 0
             if num_items_in_batch is None:
                 loss = token_losses.sum() / (labels != -100).sum().clamp(min=1)

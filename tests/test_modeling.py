@@ -209,6 +209,19 @@ def test_loss_is_mean_token_loss_and_honours_num_items_in_batch():
     torch.testing.assert_close(summed, expected * 13 / 26)
 
 
+def test_loss_accepts_non_contiguous_labels():
+    model = tiny_model()
+    input_ids, attention_mask = batch()
+    targets = torch.randint(3, 60, (3, 7))
+    labels = targets[:, 1:]  # e.g. tokenizer output with its leading [CLS] sliced off
+    assert not labels.is_contiguous()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(input_ids, attention_mask, labels=labels).loss,
+            model(input_ids, attention_mask, labels=labels.contiguous()).loss,
+        )
+
+
 def test_decoder_inputs_are_labels_shifted_right():
     labels = torch.tensor([[5, 6, EOS, -100]])
     assert shift_tokens_right(labels, PAD, BOS).tolist() == [[BOS, 5, 6, EOS]]
