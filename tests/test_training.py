@@ -112,7 +112,9 @@ def test_run_py_writes_a_hub_ready_checkpoint_predictions_and_metrics(tmp_path):
     for key in ("test_bleu4", "test_ibleu", "test_ibleu_paper", "test_rougeL", "test_meteor", "train_loss"):
         assert key in metrics and metrics[key] == metrics[key], key  # present and not NaN
     config = json.loads((output / "config.json").read_text())
-    assert config["granularity_mask"] == "resonance" and "custom_pipelines" in config
+    assert config["granularity_mask"] == "resonance" and "custom_pipelines" in config and config["use_cache"]
+    generation = json.loads((output / "generation_config.json").read_text())
+    assert generation["num_beams"] == 8 and generation["max_new_tokens"] == 20 and "max_length" not in generation
     tokenizer_config = json.loads((output / "checkpoint-5" / "tokenizer_config.json").read_text())
     assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert type(AutoModelForSeq2SeqLM.from_pretrained(output)).__name__ == "CDNPGForConditionalGeneration"

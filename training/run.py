@@ -28,6 +28,7 @@ import yaml
 from transformers import (
     DataCollatorForSeq2Seq,
     EarlyStoppingCallback,
+    GenerationConfig,
     HfArgumentParser,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
@@ -145,6 +146,10 @@ class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
     predict_with_generate: bool = field(default=True, metadata={"help": "Generate on the test split."})
     generation_num_beams: int | None = field(default=8, metadata={"help": "Beam size (paper: 8)."})
     logging_steps: float = field(default=50, metadata={"help": "Log the training loss this often."})
+    use_cache: bool = field(
+        default=True,
+        metadata={"help": "Kept in the saved config: generation uses the cache; the loss never does."},
+    )
 
 
 class PortableTokenizerCallback(TrainerCallback):
@@ -218,6 +223,13 @@ def build_model(args: ModelArguments, tokenizer) -> CDNPGForConditionalGeneratio
     return CDNPGForConditionalGeneration(config)
 
 
+def decoding_config(model: CDNPGForConditionalGeneration, num_beams: int, max_new_tokens: int) -> GenerationConfig:
+    """The checkpoint's decoding defaults: the paper's beam search over at most `max_target_length` new tokens."""
+    config = GenerationConfig.from_model_config(model.config)
+    config.num_beams, config.max_new_tokens, config.use_cache = num_beams, max_new_tokens, True
+    return config
+
+
 def tokenize(corpus: datasets.DatasetDict, tokenizer, args: DataArguments) -> datasets.DatasetDict:
     """Sources as `[CLS] tokens [SEP]`; labels as `tokens [SEP]`, since the decoder starts from [CLS] itself."""
 
@@ -276,8 +288,7 @@ def main(argv: list[str] | None = None, callbacks: list[TrainerCallback] | None 
         features = tokenize(corpus, tokenizer, data_args)
 
     model = build_model(model_args, tokenizer)
-    model.generation_config.num_beams = training_args.generation_num_beams
-    model.generation_config.max_new_tokens = data_args.max_target_length
+    model.generation_config = decoding_config(model, training_args.generation_num_beams, data_args.max_target_length)
     logger.info("C-DNPG (%s): %s parameters", model.config.granularity_mask, f"{model.num_parameters():,}")
 
     callbacks = [PortableTokenizerCallback(), *(callbacks or [])]
@@ -325,6 +336,10 @@ def main(argv: list[str] | None = None, callbacks: list[TrainerCallback] | None 
             f"{training_args.warmup_steps} warm-up steps, batch {training_args.per_device_train_batch_size} per device "
             f"x {training_args.world_size} devices, {trainer.state.global_step} steps; best validation loss "
             f"{trainer.state.best_metric}."
+        )
+        # Seq2SeqTrainer leaves every generation default in the config (max_length too): save only what was chosen
+        trainer.model.generation_config = decoding_config(
+            trainer.model, training_args.generation_num_beams, data_args.max_target_length
         )
         save_checkpoint(
             trainer.model,
