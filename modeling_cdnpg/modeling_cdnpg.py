@@ -233,11 +233,8 @@ class CDNPGAttention(nn.Module):
     def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
         return states.view(*states.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, t, d_head)
 
-    def _project_keys(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        key = self._split_heads(self.k_proj(states))
-        value = self._split_heads(self.v_proj(states))
-        z = self.granularity_head(states) if self.granularity_head is not None else None  # (b, j)
-        return key, value, z
+    def _project_keys(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states))
 
     def _cache(self, cache: Cache, key, value, z):
         """Store keys, values and z (as an extra value head); return the full key, value and z seen so far."""
@@ -271,12 +268,14 @@ class CDNPGAttention(nn.Module):
             if cache is not None and past_key_values.is_updated.get(self.layer_idx):
                 key, value, z_key = self._cached(cache)  # encoder side computed once, at the first decoding step
             else:
-                key, value, z_key = self._project_keys(key_value_states)
+                key, value = self._project_keys(key_value_states)
+                z_key = self.granularity_head(key_value_states) if self.granularity_head is not None else None
                 if cache is not None:
                     key, value, z_key = self._cache(cache, key, value, z_key)
                     past_key_values.is_updated[self.layer_idx] = True
         else:
-            key, value, z_key = self._project_keys(hidden_states)
+            key, value = self._project_keys(hidden_states)
+            z_key = z_query  # the same tokens: one z per token, eq. 4
             if past_key_values is not None:
                 key, value, z_key = self._cache(past_key_values.self_attention_cache, key, value, z_key)
 
