@@ -8,6 +8,17 @@ from pathlib import Path
 
 from setuptools import setup
 
+TRAIN = [  # training/run.py, the metrics, the benchmarks and the granularity figures
+    "accelerate>=1.0",
+    "datasets>=3.0",
+    "evaluate>=0.4.3",
+    "tokenizers>=0.21",
+    "nltk>=3.9",
+    "sacrebleu>=2.4",
+    "matplotlib>=3.8",
+    "pyyaml>=6",
+]
+
 setup(
     name="cdnpg",
     version="0.1.0",
@@ -18,29 +29,6 @@ setup(
     python_requires=">=3.10",
     packages=["configuration_cdnpg", "modeling_cdnpg", "cdnpg"],
     install_requires=["torch>=2.4", "transformers>=4.57,<6", "safetensors>=0.4", "huggingface_hub>=0.34"],
-    extras_require={
-        "train": [
-            "accelerate>=1.0",
-            "datasets>=3.0",
-            "evaluate>=0.4.3",
-            "tokenizers>=0.21",
-            "nltk>=3.9",
-            "sacrebleu>=2.4",
-            "matplotlib>=3.8",
-            "pyyaml>=6",
-        ],
-        "test": [
-            "accelerate>=1.0",
-            "datasets>=3.0",
-            "evaluate>=0.4.3",
-            "tokenizers>=0.21",
-            "nltk>=3.9",
-            "sacrebleu>=2.4",
-            "matplotlib>=3.8",
-            "pyyaml>=6",
-            "pytest>=8",
-            "ruff>=0.6",
-        ],
-    },
+    extras_require={"train": TRAIN, "test": [*TRAIN, "pytest>=8", "ruff>=0.6"]},
     entry_points={"console_scripts": ["cdnpg=cdnpg.cli:main"]},
 )

@@ -18,10 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from cdnpg.cli import main
+from cdnpg.data import train_wordpiece_tokenizer
 from cdnpg.granularity import (
     DPI,
     SCALE_LABEL,
@@ -55,25 +55,7 @@ MAX_POSITIONS = 64  # tiny_config's max_position_embeddings
 
 def train_tokenizer() -> PreTrainedTokenizerFast:
     """A lowercase BERT-style WordPiece tokenizer, small enough that unseen words split into pieces."""
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    trainer = trainers.WordPieceTrainer(vocab_size=120, special_tokens=special, show_progress=False)
-    tokenizer.train_from_iterator(CORPUS * 3, trainer=trainer)
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        pad_token="[PAD]",
-        unk_token="[UNK]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-    )
+    return train_wordpiece_tokenizer(CORPUS * 3, vocab_size=120, min_frequency=1)
 
 
 def save_tiny(directory: Path, tokenizer: PreTrainedTokenizerFast, **overrides) -> Path:
