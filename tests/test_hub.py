@@ -193,28 +193,36 @@ def materialise_snapshot(cache: Path, repo_id: str, files: dict[str, bytes]) -> 
 def capture_push(push) -> dict[str, bytes]:
     """Run `push()` with huggingface_hub's network calls replaced; return what would have been uploaded."""
     from huggingface_hub import CommitInfo, HfApi, RepoUrl
+    from huggingface_hub.utils import filter_repo_objects
 
-    def fake_commit(self, repo_id, operations, *args, **kwargs):
-        for operation in operations:  # read now: the files usually live in a temporary folder
-            if not isinstance(operation.path_or_fileobj, bytes):
-                operation.path_or_fileobj = Path(operation.path_or_fileobj).read_bytes()
+    uploaded: dict[str, bytes] = {}
+
+    def commit_info(repo_id: str) -> CommitInfo:
         url = f"https://huggingface.co/{repo_id}/commit/0"
         return CommitInfo(commit_url=url, commit_message="", commit_description="", oid="0" * 40)
+
+    def fake_commit(self, repo_id, operations, *args, **kwargs):  # model/tokenizer push_to_hub
+        for operation in operations:  # read now: the files usually live in a temporary folder
+            content = operation.path_or_fileobj
+            uploaded[operation.path_in_repo] = content if isinstance(content, bytes) else Path(content).read_bytes()
+        return commit_info(repo_id)
+
+    def fake_upload_folder(self, *, repo_id, folder_path, allow_patterns=None, ignore_patterns=None, **kwargs):
+        root = Path(folder_path)  # Trainer.push_to_hub
+        files = [path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()]
+        for name in filter_repo_objects(files, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns):
+            uploaded[name] = (root / name).read_bytes()
+        return commit_info(repo_id)
 
     with (
         mock.patch.object(
             HfApi, "create_repo", lambda self, repo_id, **kw: RepoUrl(f"https://huggingface.co/{repo_id}")
         ),
-        mock.patch.object(HfApi, "create_commit", autospec=True, side_effect=fake_commit) as commit,
+        mock.patch.object(HfApi, "create_commit", fake_commit),
+        mock.patch.object(HfApi, "upload_folder", fake_upload_folder),
     ):
         push()
-    return {name: data for call in commit.call_args_list for name, data in _operations(call)}
-
-
-def _operations(call):
-    operations = call.kwargs.get("operations") or call.args[2]
-    for operation in operations:
-        yield operation.path_in_repo, operation.path_or_fileobj
+    return uploaded
 
 
 def test_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(model, tokenizer, tmp_path):
@@ -241,6 +249,47 @@ def test_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(model, t
         env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home")},
     )
     assert got["ids"] == expected
+
+
+def test_trainer_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+    monkeypatch.setattr(sys, "path", sys.path)
+    from run import main
+
+    repo_id = "someone/cdnpg-trained"
+    args = [
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--do_train",
+        "--max_steps",
+        "2",
+        "--template_sizes",
+        "64",
+        "8",
+        "8",
+    ]
+    args += ["--d_model", "32", "--layers", "1", "--attention_heads", "2", "--ffn_dim", "32", "--vocab_size", "200"]
+    args += ["--eval_strategy", "no", "--save_strategy", "no", "--load_best_model_at_end", "False"]
+    args += ["--push_to_hub", "True", "--hub_model_id", repo_id, "--disable_tqdm", "True"]
+    files = capture_push(lambda: main(args))
+    assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "pipeline_cdnpg.py", "README.md"} <= set(files)
+    card = files["README.md"].decode()
+    assert "C-DNPG" in card, "the project's model card, not the Trainer's generic one"
+    assert yaml.safe_load(card.split("---")[1])["pipeline_tag"] == "text2text-generation"
+    assert not any(name.startswith("checkpoint-") for name in files)
+    materialise_snapshot(tmp_path / "hub", repo_id, files)
+    got = run_isolated(
+        sys.executable,
+        f"""
+        import json
+        from transformers import pipeline
+        paraphraser = pipeline("text2text-generation", model={repo_id!r}, trust_remote_code=True)
+        print(json.dumps(paraphraser({SOURCES[0]!r}, num_beams=2, max_new_tokens=4)))
+        """,
+        cwd=tmp_path,
+        env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home")},
+    )
+    assert isinstance(got[0]["generated_text"], str)
 
 
 def test_missing_weights_file_is_named(checkpoint, tmp_path):

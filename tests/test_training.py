@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -151,12 +150,11 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(tmp_path, tok
         torch.testing.assert_close(resumed[name], straight[name], atol=1e-6, rtol=0, msg=name)
 
 
-@pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate's launcher is not installed")
 def test_two_cpu_processes_report_the_loss_of_one_and_end_with_identical_weights(tmp_path, tokenizer_dir):
     common = [*TINY, "--max_steps", "6", "--do_train", "--use_cpu", "True", "--tokenizer_name", tokenizer_dir]
     run(["--output_dir", str(tmp_path / "one"), *common, "--per_device_train_batch_size", "16"])
     launcher = [
-        shutil.which("accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no",
     ]  # fmt: skip
     run(["--output_dir", str(tmp_path / "two"), *common, "--per_device_train_batch_size", "8"], launcher=launcher)
