@@ -29,6 +29,6 @@ setup(
     python_requires=">=3.10",
     packages=["configuration_cdnpg", "modeling_cdnpg", "cdnpg"],
     install_requires=["torch>=2.4", "transformers>=4.57,<6", "safetensors>=0.4", "huggingface_hub>=0.34"],
-    extras_require={"train": TRAIN, "test": [*TRAIN, "pytest>=8", "ruff>=0.6"]},
+    extras_require={"train": TRAIN, "test": [*TRAIN, "pytest>=8", "ruff>=0.6", "rouge-score>=0.1.2"]},
     entry_points={"console_scripts": ["cdnpg=cdnpg.cli:main"]},
 )
