@@ -52,8 +52,8 @@ import evaluate  # noqa: E402
 import run as cdnpg_run  # noqa: E402  (training/run.py)
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from bart_baseline import bart_config_like  # noqa: E402
 from transformers import (  # noqa: E402
-    BartConfig,
     BartForConditionalGeneration,
     DataCollatorForSeq2Seq,
     GenerationConfig,
@@ -253,29 +253,7 @@ def train_cdnpg(variant: str, argv: list[str], log_path: Path, threads: int | No
 def build_bart(model_args, tokenizer) -> BartForConditionalGeneration:
     """BART with C-DNPG's dimensions and special tokens; what differs is BART's own (layernorm_embedding,
     final_logits_bias) and the attention (no granularity mask)."""
-    config = BartConfig(
-        vocab_size=len(tokenizer),
-        d_model=model_args.d_model,
-        encoder_layers=model_args.layers,
-        decoder_layers=model_args.layers,
-        encoder_attention_heads=model_args.attention_heads,
-        decoder_attention_heads=model_args.attention_heads,
-        encoder_ffn_dim=model_args.ffn_dim,
-        decoder_ffn_dim=model_args.ffn_dim,
-        max_position_embeddings=512,  # C-DNPG's default
-        activation_function="relu",  # C-DNPG's FFN
-        dropout=model_args.dropout,
-        attention_dropout=model_args.dropout,
-        activation_dropout=model_args.dropout,  # C-DNPG drops the FFN activations with `dropout` too
-        scale_embedding=False,
-        init_std=0.02,
-        pad_token_id=tokenizer.pad_token_id,  # [PAD]
-        bos_token_id=tokenizer.cls_token_id,  # [CLS]
-        eos_token_id=tokenizer.sep_token_id,  # [SEP]
-        decoder_start_token_id=tokenizer.cls_token_id,  # [CLS], as C-DNPG
-        forced_eos_token_id=None,  # BART's default forces token 2 at max length; C-DNPG forces nothing
-        tie_word_embeddings=True,
-    )
+    config = bart_config_like(cdnpg_run.build_config(model_args, tokenizer))
     model = BartForConditionalGeneration(config)
     model.generation_config = GenerationConfig(
         num_beams=NUM_BEAMS,

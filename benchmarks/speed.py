@@ -53,8 +53,9 @@ if str(ROOT) not in sys.path:  # runnable as `python benchmarks/speed.py` withou
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from bart_baseline import bart_config_like  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
-from transformers import BartConfig, BartForConditionalGeneration, GenerationConfig  # noqa: E402
+from transformers import BartForConditionalGeneration, GenerationConfig  # noqa: E402
 
 from modeling_cdnpg import CDNPGConfig, CDNPGForConditionalGeneration  # noqa: E402
 
@@ -120,28 +121,8 @@ def build_bart(model_kw: dict, seed: int) -> BartForConditionalGeneration:
     """BART of the same size: post-LN, learned positions, tied embeddings, ReLU, the same dropouts (C-DNPG's FFN
     drops its activations with `dropout`, hence activation_dropout = dropout)."""
     torch.manual_seed(seed)
-    config = BartConfig(
-        vocab_size=model_kw["vocab_size"],
-        d_model=model_kw["d_model"],
-        encoder_layers=model_kw["encoder_layers"],
-        decoder_layers=model_kw["decoder_layers"],
-        encoder_attention_heads=model_kw["encoder_attention_heads"],
-        decoder_attention_heads=model_kw["decoder_attention_heads"],
-        encoder_ffn_dim=model_kw["encoder_ffn_dim"],
-        decoder_ffn_dim=model_kw["decoder_ffn_dim"],
-        max_position_embeddings=model_kw["max_position_embeddings"],
-        activation_function="relu",
-        dropout=0.1,
-        attention_dropout=0.1,
-        activation_dropout=0.1,
-        scale_embedding=False,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        decoder_start_token_id=BOS,
-        forced_eos_token_id=None,
-        tie_word_embeddings=True,
-    )
+    cdnpg = CDNPGConfig(pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, decoder_start_token_id=BOS, **model_kw)
+    config = bart_config_like(cdnpg)
     model = BartForConditionalGeneration(config)
     model.config._attn_implementation = "sdpa"
     return model

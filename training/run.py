@@ -200,7 +200,12 @@ def load_pairs(args: DataArguments) -> datasets.DatasetDict:
 def build_model(args: ModelArguments, tokenizer) -> CDNPGForConditionalGeneration:
     if args.model_name_or_path:
         return CDNPGForConditionalGeneration.from_pretrained(args.model_name_or_path)
-    config = CDNPGConfig(
+    return CDNPGForConditionalGeneration(build_config(args, tokenizer))
+
+
+def build_config(args: ModelArguments, tokenizer) -> CDNPGConfig:
+    """A new model's config: the architecture flags, and special ids from the tokenizer ([CLS] starts decoding)."""
+    return CDNPGConfig(
         vocab_size=len(tokenizer),
         d_model=args.d_model,
         encoder_layers=args.layers,
@@ -220,7 +225,6 @@ def build_model(args: ModelArguments, tokenizer) -> CDNPGForConditionalGeneratio
         eos_token_id=tokenizer.sep_token_id,
         decoder_start_token_id=tokenizer.cls_token_id,
     )
-    return CDNPGForConditionalGeneration(config)
 
 
 def decoding_config(model: CDNPGForConditionalGeneration, num_beams: int, max_new_tokens: int) -> GenerationConfig:
