@@ -28,8 +28,9 @@ only torch, transformers and its sibling configuration file.
 
 import os
 import shutil
-import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,28 +50,10 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 
-try:  # remote code: the configuration file sits next to this one
-    from .configuration_cdnpg import CDNPGConfig
-except ImportError:  # installed package: configuration_cdnpg is a sibling top-level package
-    from configuration_cdnpg import CDNPGConfig
+from .configuration_cdnpg import CDNPGConfig
 
-if TYPE_CHECKING:  # never imported here, but names the file so that transformers copies it with the remote code
+if TYPE_CHECKING:  # never imported here, but transformers copies a model's relative imports with its remote code
     from .pipeline_cdnpg import CDNPGText2TextPipeline  # noqa: F401
-
-# What a saved checkpoint declares so that it loads anywhere with trust_remote_code=True
-AUTO_MAP = {
-    "AutoConfig": "configuration_cdnpg.CDNPGConfig",
-    "AutoModel": "modeling_cdnpg.CDNPGModel",
-    "AutoModelForSeq2SeqLM": "modeling_cdnpg.CDNPGForConditionalGeneration",
-}
-CUSTOM_PIPELINES = {
-    "text2text-generation": {
-        "impl": "pipeline_cdnpg.CDNPGText2TextPipeline",
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "tf": [],
-        "type": "text",
-    }
-}
 
 MASK_FLOOR = 1e-32  # smallest mask value before the log (released code): log(1e-32) ≈ -73.7, i.e. weight ~ 0
 
@@ -419,6 +402,34 @@ def _collect(items: list | None) -> tuple | None:
 # ------------------------------------------------------------------------------------------------------------------
 
 
+@contextmanager
+def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
+    """The folder to write a checkpoint into, such that a failure never leaves an earlier checkpoint half-overwritten.
+
+    transformers writes in place. A new or empty `target` has nothing to lose and is written directly; an existing
+    checkpoint is written to a temporary sibling folder whose files are moved in at the end (and weight shards of
+    the earlier layout that the new save did not write are removed).
+    """
+    target = Path(target)
+    if target.is_file():
+        raise ValueError(f"save_directory {str(target)!r} is a file, not a folder")
+    if not target.is_dir() or not any(target.iterdir()):
+        target.mkdir(parents=True, exist_ok=True)
+        yield target
+        return
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
+    try:
+        yield staging
+        written = {path.name for path in staging.iterdir()}
+        for path in staging.iterdir():
+            os.replace(path, target / path.name)
+        for stale in [*target.glob("model*.safetensors*"), *target.glob("pytorch_model*.bin*")]:
+            if stale.name not in written:
+                stale.unlink()
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 class CDNPGPreTrainedModel(PreTrainedModel):
     config_class = CDNPGConfig
     base_model_prefix = "model"
@@ -433,38 +444,14 @@ class CDNPGPreTrainedModel(PreTrainedModel):
     _supports_cache_class = True
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs) -> None:
-        """`PreTrainedModel.save_pretrained`, plus the remote code (configuration, modeling, pipeline) with its
-        `auto_map` and `custom_pipelines`, so that the folder loads anywhere with `trust_remote_code=True`.
-
-        Everything is written to a temporary sibling folder first and moved in file by file at the end: a save that
-        fails half-way leaves an existing checkpoint in `save_directory` intact.
-        """
-        target = Path(save_directory)
-        if target.is_file():
-            raise ValueError(f"save_directory {str(target)!r} is a file, not a folder")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
-        try:
-            self.config.auto_map = dict(AUTO_MAP)
-            self.config.custom_pipelines = CUSTOM_PIPELINES
+        """`PreTrainedModel.save_pretrained` (weights, config, generation config, and the remote code with its
+        `auto_map`), made atomic by `staged_directory`: a save that fails half-way leaves an earlier checkpoint in
+        `save_directory` as it was."""
+        with staged_directory(save_directory) as staging:
             super().save_pretrained(staging, *args, **kwargs)
-            here = Path(__file__).resolve()
-            config_file = Path(sys.modules[CDNPGConfig.__module__].__file__).resolve()
-            for source in (config_file, here, here.with_name("pipeline_cdnpg.py")):
-                shutil.copyfile(source, staging / source.name)
-            target.mkdir(exist_ok=True)
-            written = {path.name for path in staging.iterdir()}
-            for path in staging.iterdir():
-                os.replace(path, target / path.name)
-            for stale in [*target.glob("model*.safetensors*"), *target.glob("pytorch_model*.bin*")]:
-                if stale.name not in written:  # shards of an earlier save with another layout
-                    stale.unlink()
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        if push_to_hub:
-            repo_id = kwargs.pop("repo_id", target.name)
+        if push_to_hub:  # from the final folder, not the staging one, whose name would become the repo id
             hub_kwargs = {key: kwargs[key] for key in ("commit_message", "private", "token") if key in kwargs}
-            self.push_to_hub(repo_id, **hub_kwargs)
+            self.push_to_hub(kwargs.get("repo_id", Path(save_directory).name), **hub_kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):

@@ -6,10 +6,23 @@ Self-contained on purpose: this file is copied next to the weights of every save
 only `transformers`. Supported: transformers 4.57.x and 5.x.
 """
 
+import copy
+
 from transformers import PretrainedConfig
 
 GRANULARITY_MASKS = ("resonance", "scope", "product", "mean", "none")
 GRANULARITY_MASK_MODES = ("log_bias", "multiply")
+# The text2text-generation pipeline shipped with the model code (pipeline_cdnpg.py, registered with transformers'
+# PIPELINE_REGISTRY too): transformers 5.x has no built-in one, and `pipeline("text2text-generation", model=...,
+# trust_remote_code=True)` looks it up in the saved config.
+TEXT2TEXT_PIPELINE = {
+    "text2text-generation": {
+        "impl": "pipeline_cdnpg.CDNPGText2TextPipeline",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "tf": [],
+        "type": "text",
+    }
+}
 
 
 class CDNPGConfig(PretrainedConfig):
@@ -63,6 +76,8 @@ class CDNPGConfig(PretrainedConfig):
             Whether the decoder returns its key/value (and granularity) cache for incremental decoding.
         tie_word_embeddings (`bool`, defaults to `True`):
             Share one embedding between encoder, decoder and LM head (Section 4.2).
+        custom_pipelines (`dict`, defaults to the text2text-generation pipeline of `pipeline_cdnpg.py`):
+            Read by `transformers.pipeline`; saved with every checkpoint.
     """
 
     model_type = "cdnpg"
@@ -120,6 +135,8 @@ class CDNPGConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.use_cache = use_cache  # 5.x's base config no longer sets it from kwargs
         self.tie_word_embeddings = tie_word_embeddings
+        # a copy per config: transformers.pipeline rewrites the class names it reads into classes, in place
+        kwargs["custom_pipelines"] = copy.deepcopy(kwargs.get("custom_pipelines") or TEXT2TEXT_PIPELINE)
         self._validate()
         super().__init__(
             pad_token_id=pad_token_id,
