@@ -6,7 +6,7 @@ command line) and the `cdnpg` console script. torch is a range: bring the build 
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 TRAIN = [  # training/run.py, the metrics, the benchmarks and the granularity figures
     "accelerate>=1.0",
@@ -27,7 +27,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["configuration_cdnpg", "modeling_cdnpg", "cdnpg"],
+    packages=find_packages(include=["configuration_cdnpg", "modeling_cdnpg", "cdnpg", "cdnpg.*"]),
+    package_data={"cdnpg": ["**/*.json", "**/*.md"]},  # data files the package reads at run time
     install_requires=["torch>=2.4", "transformers>=4.57,<6", "safetensors>=0.4", "huggingface_hub>=0.34"],
     extras_require={"train": TRAIN, "test": [*TRAIN, "pytest>=8", "ruff>=0.6", "rouge-score>=0.1.2"]},
     entry_points={"console_scripts": ["cdnpg=cdnpg.cli:main"]},
