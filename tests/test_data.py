@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from cdnpg.data import (
+    MODEL_INPUT_NAMES,
     PORTABLE_TOKENIZER_CLASS,
     SLOT_FILLERS,
     TEMPLATE_FAMILIES,
@@ -95,6 +97,20 @@ def test_template_corpus_is_deterministic_for_a_seed_and_changes_with_the_seed()
         assert first[split].to_dict() == again[split].to_dict()
         assert first[split]["source"] != other[split]["source"]
     assert first.column_names == {split: ["source", "target"] for split in ("train", "valid", "test")}
+
+
+# sha256 of template_corpus(seed=0) with the default sizes, recorded before the word lists moved from Python to
+# template_corpus.json: the README's results were trained on this corpus and must stay reproducible.
+TEMPLATE_CORPUS_SEED_0_SHA256 = "cd9267b71c9875eaa298482ab272943bb2f167e3af6c8bf08c45d9615e390dc7"
+
+
+def test_template_corpus_of_seed_0_is_the_one_the_published_results_were_trained_on():
+    corpus = template_corpus(seed=0)
+    digest = hashlib.sha256()
+    for split in ("train", "valid", "test"):
+        for source, target in zip(corpus[split]["source"], corpus[split]["target"]):
+            digest.update(json.dumps([split, source, target]).encode() + b"\n")
+    assert digest.hexdigest() == TEMPLATE_CORPUS_SEED_0_SHA256
 
 
 def test_template_corpus_has_requested_sizes_and_unique_pairs(corpus):
@@ -254,6 +270,18 @@ def test_csv_fields_may_hold_quoted_commas_and_newlines_and_keep_line_numbers(tm
     loaded, report = load_pair_files({"train": str(path)})
     assert list(zip(loaded["train"]["source"], loaded["train"]["target"])) == [("a, b ?", "c\nd ?"), ("e ?", "f ?")]
     assert report.files["train"].malformed_lines[0][0] == 4  # the record after the two-line one starts on line 4
+
+
+def test_jsonl_records_end_only_at_line_breaks_and_an_empty_file_is_an_empty_split(tmp_path):
+    path = tmp_path / "train.jsonl"
+    records = [{"source": "a\u2028b ?", "target": "c\x0cd ?"}, {"source": "e ?", "target": "f ?"}]
+    path.write_bytes(b"\r\n".join(json.dumps(r, ensure_ascii=False).encode() for r in records) + b"\r\n")
+    empty = tmp_path / "valid.jsonl"
+    empty.write_text("", encoding="utf-8")
+    loaded, report = load_pair_files({"train": str(path), "valid": str(empty)})
+    assert loaded["train"].to_list() == records  # U+2028 and form feeds are text inside a line, CRLF ends it
+    assert report.split_sizes == {"train": 2, "valid": 0}
+    assert loaded["valid"].column_names == ["source", "target"]
 
 
 def test_a_file_with_no_usable_record_is_a_format_error_not_an_empty_split(tmp_path):
@@ -484,6 +512,23 @@ def test_load_tokenizer_reads_the_papers_bert_base_uncased():
     assert bert.convert_ids_to_tokens(ids) == ["[CLS]", "what", "'", "s", "the", "weight", "?", "[SEP]"]
     assert (bert.pad_token_id, bert.bos_token_id, bert.eos_token_id) == (0, 101, 102)
     assert len(bert) == 30522
+
+
+def test_the_papers_bert_tokenizer_returns_no_token_type_ids_loaded_saved_and_reloaded(tmp_path):
+    """The model has no segment embeddings, and generate() refuses token_type_ids: bert-base-uncased adds them."""
+    if not BERT_TOKENIZER.is_dir():
+        pytest.skip(f"shared tokenizer not found at {BERT_TOKENIZER}")
+    assert "token_type_ids" in AutoTokenizer.from_pretrained(BERT_TOKENIZER)("why ?")  # what this guards against
+    bert = load_tokenizer(BERT_TOKENIZER)
+    assert list(bert("why ?")) == list(MODEL_INPUT_NAMES)
+    bert.save_pretrained(tmp_path / "plain")  # as Trainer checkpoints save it
+    save_tokenizer(bert, tmp_path / "saved")
+    for directory in (tmp_path / "plain", tmp_path / "saved"):
+        assert list(AutoTokenizer.from_pretrained(directory)(["why ?", "how so ?"], padding=True)) == list(
+            MODEL_INPUT_NAMES
+        )
+    config = json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["model_input_names"] == list(MODEL_INPUT_NAMES)
 
 
 def test_load_tokenizer_fails_clearly_on_a_missing_path(tmp_path):
