@@ -7,17 +7,19 @@
     # the paper's budget on a GPU
     python benchmarks/quality.py --tokenizer ../shared/tokenizers/bert-base-uncased --max_steps 100000 \
         --learning_rate 5e-5 --warmup_steps 5000 --batch_size 32 --output_dir runs/quality-paper
-    # tiny model, template corpus, a few steps: < 2 minutes (the smoke test)
+    # tiny model, template corpus, a few steps: < 2 minutes (the smoke test); flags given with it are kept
     python benchmarks/quality.py --quick --output_dir /tmp/quality
 
 Every model is trained with the same recipe, data, tokenizer and seed, selected by validation loss, and decoded the same
-way (beam 8, at most 20 new tokens) on the same test file, then scored by `training/paraphrase_metrics` (iBLEU,
-the released code's "iBLEU" `ibleu_paper`, BLEU-2/4, ROUGE-L, METEOR, sacreBLEU, self-BLEU-4):
+way (`training/run.py`'s defaults, the paper's: beam 8, at most 20 new tokens) on the same test file, then scored by
+`cdnpg.training.paraphrase_metrics` (iBLEU, the released code's "iBLEU" `ibleu_paper`, BLEU-2/4, ROUGE-L, METEOR,
+sacreBLEU, self-BLEU-4). Model flags left out are the paper's (CDNPGConfig's defaults), as in run.py.
 
 - each `--variants` granularity mask ("none" is the plain Transformer), trained by `training/run.py` in a subprocess;
-- `BartForConditionalGeneration` of the same size (post-LN, learned positions, ReLU, tied embeddings,
-  `scale_embedding=False`; BART additionally has `layernorm_embedding` and `final_logits_bias`), trained in this
-  process by `Seq2SeqTrainer` on the features of `run.tokenize`, so preprocessing is identical;
+- `BartForConditionalGeneration` of the same size (`cdnpg.training.bart_like`: post-LN, learned positions, ReLU, tied
+  embeddings, `scale_embedding=False`; BART additionally has `layernorm_embedding` and `final_logits_bias`), trained
+  in this process by run.py's own pipeline (`cdnpg.training.train_and_score`), so data, tokenization, training,
+  decoding and scoring are identical;
 - "copy-source", the trivial baseline that outputs its input: a high BLEU-4 on Quora, and a low true iBLEU.
 
 Data: by default the shared Quora pairs (../shared/data/quora): train.jsonl for training, and the paper's 4,000-pair
@@ -26,7 +28,7 @@ validation set split in two, the first 2,000 pairs for validation (model selecti
 template corpus is written there instead, so the smoke test needs nothing outside the project.
 
 Results: `--output_dir/results.json` (rewritten after every model: per model and seed, all metrics, the number of
-steps, the best validation loss and the wall time; the configuration and the machine) and a markdown table on stdout,
+steps, the best validation loss and the wall time; the resolved configuration and the machine) and a markdown table on stdout,
 with the paper's Table 2 Quora numbers beside it (mean ± std over `--seeds` when several).
 """
 
@@ -42,30 +44,24 @@ import sys
 import time
 from pathlib import Path
 
+import datasets
+import torch
+import transformers
+from transformers import set_seed
+
+from cdnpg import training
+from cdnpg.data import (
+    load_pair_files,
+    load_tokenizer,
+    save_tokenizer,
+    train_wordpiece_tokenizer,
+    write_template_corpus,
+)
+from configuration_cdnpg import GRANULARITY_MASKS, CDNPGConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
-for path in (ROOT, ROOT / "training"):  # runnable as `python benchmarks/quality.py` from anywhere
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-import evaluate  # noqa: E402
-import run as cdnpg_run  # noqa: E402  (training/run.py)
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from bart_baseline import bart_config_like  # noqa: E402
-from transformers import (  # noqa: E402
-    BartForConditionalGeneration,
-    DataCollatorForSeq2Seq,
-    GenerationConfig,
-    Seq2SeqTrainer,
-    set_seed,
-)
-
-from cdnpg.data import load_tokenizer, save_tokenizer, train_wordpiece_tokenizer, write_template_corpus  # noqa: E402
-
-VARIANTS = ("none", "resonance", "scope", "product", "mean")
 BART, COPY = "bart", "copy-source"
-NUM_BEAMS, MAX_NEW_TOKENS = 8, 20  # the paper's decoding (Section 4.2)
 # Gu et al. 2022, Table 2, Quora: ("iBLEU" as the released code computes it, i.e. `ibleu_paper`; BLEU-4).
 # Trained on 100K pairs, the paper's model size, 5,000 warm-up steps; the test set is not the one used here.
 PAPER_QUORA = {"none": (21.14, 26.88), "resonance": (26.94, 34.05)}
@@ -80,12 +76,28 @@ ROW_NAMES = {
     BART: "BART (transformers, same size)",
     COPY: "copy the source",
 }
-# --quick: tiny model on the template corpus, a handful of steps and test sentences
+# the recipe of a CPU-sized run; flags not listed here (model sizes, batch sizes) default to training/run.py's
+RECIPE = dict(max_steps=3000, learning_rate=5e-4, warmup_steps=300, evaluations=5)
+# --quick: tiny model on the template corpus, a handful of steps and test sentences, for the flags not given
 QUICK = dict(
     d_model=32, layers=2, attention_heads=4, ffn_dim=64, vocab_size=600, max_steps=12, warmup_steps=2,
     learning_rate=1e-3, batch_size=16, eval_batch_size=32, max_test_samples=12, evaluations=2, threads=1,
 )  # fmt: skip
 QUICK_CORPUS = dict(num_train=400, num_valid=40, num_test=40)
+# benchmark flag -> training/run.py flag, passed on when given
+RUN_FLAGS = {
+    "d_model": "d_model",
+    "layers": "layers",
+    "attention_heads": "attention_heads",
+    "ffn_dim": "ffn_dim",
+    "dropout": "dropout",
+    "max_steps": "max_steps",
+    "learning_rate": "learning_rate",
+    "warmup_steps": "warmup_steps",
+    "batch_size": "per_device_train_batch_size",
+    "eval_batch_size": "per_device_eval_batch_size",
+    "max_test_samples": "max_predict_samples",
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,21 +117,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="tokenizer directory (default: train a WordPiece vocabulary on the train file)",
     )
-    parser.add_argument("--vocab_size", type=int, default=8000, help="size of the trained WordPiece vocabulary")
-    parser.add_argument("--variants", nargs="+", default=["none", "resonance", "scope"], choices=VARIANTS)
+    parser.add_argument(
+        "--vocab_size",
+        type=int,
+        help="size of the trained WordPiece vocabulary (default: train_wordpiece_tokenizer's)",
+    )
+    parser.add_argument("--variants", nargs="+", default=["none", "resonance", "scope"], choices=GRANULARITY_MASKS)
     parser.add_argument("--no_bart", action="store_true", help="skip the transformers BART baseline")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed; mean ± std when several")
-    parser.add_argument("--d_model", type=int, default=450, help="hidden size (paper: 450)")
-    parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each (paper: 3)")
-    parser.add_argument("--attention_heads", type=int, default=9, help="attention heads (paper: 9)")
-    parser.add_argument("--ffn_dim", type=int, default=1024, help="feed-forward inner size (released code: 1024)")
-    parser.add_argument("--dropout", type=float, default=0.1, help="dropout (residual, attention, FFN)")
-    parser.add_argument("--max_steps", type=int, default=3000, help="training steps of every model")
-    parser.add_argument("--learning_rate", type=float, default=5e-4, help="AdamW peak learning rate (paper: 5e-5)")
-    parser.add_argument("--warmup_steps", type=int, default=300, help="linear warm-up steps (paper: 5,000)")
-    parser.add_argument("--batch_size", type=int, default=32, help="training batch size (paper: 32)")
-    parser.add_argument("--eval_batch_size", type=int, default=64, help="batch size of validation and beam search")
-    parser.add_argument("--evaluations", type=int, default=5, help="validation-loss checks (and checkpoints) per run")
+    for name, what in (
+        ("d_model", "hidden size"),
+        ("layers", "encoder and decoder layers each"),
+        ("attention_heads", "attention heads"),
+        ("ffn_dim", "feed-forward inner size"),
+    ):
+        parser.add_argument(f"--{name}", type=int, help=f"{what} (default: CDNPGConfig's, the paper's)")
+    parser.add_argument("--dropout", type=float, help="dropout (default: CDNPGConfig's)")
+    parser.add_argument("--max_steps", type=int, help=f"training steps of every model (default {RECIPE['max_steps']})")
+    parser.add_argument(
+        "--learning_rate", type=float, help=f"AdamW peak learning rate (default {RECIPE['learning_rate']})"
+    )
+    parser.add_argument("--warmup_steps", type=int, help=f"linear warm-up steps (default {RECIPE['warmup_steps']})")
+    parser.add_argument("--batch_size", type=int, help="training batch size (default: run.py's, the paper's)")
+    parser.add_argument("--eval_batch_size", type=int, help="batch size of validation and beam search (run.py's)")
+    parser.add_argument(
+        "--evaluations",
+        type=int,
+        help=f"validation-loss checks (and checkpoints) per run (default {RECIPE['evaluations']})",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -129,21 +154,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_test_samples", type=int, default=None, help="score only the first N test pairs")
     parser.add_argument("--output_dir", default="runs/quality", help="runs, data splits, results.json")
     parser.add_argument("--plot", default=None, help="write a bar chart of iBLEU and BLEU-4 per model to this file")
-    parser.add_argument("--quick", action="store_true", help="tiny model on the template corpus: < 2 minutes")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny model on the template corpus: < 2 minutes (flags given win)"
+    )
     parser.add_argument(
         "--report_only",
         action="store_true",
         help="train nothing: print the table (and --plot) of OUTPUT_DIR/results.json",
     )
     args = parser.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
-    for name in ("d_model", "layers", "attention_heads", "ffn_dim", "max_steps", "batch_size", "evaluations"):
+    defaults = {**RECIPE, **(QUICK if args.quick else {})}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    for name in ("max_steps", "evaluations"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
-    if args.d_model % args.attention_heads:
-        raise SystemExit(f"--d_model {args.d_model} is not divisible by --attention_heads {args.attention_heads}")
     if len(set(args.seeds)) != len(args.seeds):
         raise SystemExit(f"--seeds repeats a seed: {args.seeds}")
     return args
@@ -154,7 +180,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def prepare_data(args: argparse.Namespace, data_dir: Path) -> dict[str, Path]:
+def prepare_files(args: argparse.Namespace, data_dir: Path) -> dict[str, Path]:
     """The train / valid / test files every model uses: the flags, the template corpus (--quick) or shared Quora."""
     data_dir.mkdir(parents=True, exist_ok=True)
     if args.quick and not (args.train_file or args.valid_file or args.test_file):
@@ -183,60 +209,54 @@ def _read_lines(path: Path) -> list[str]:
     return [line if line.endswith("\n") else line + "\n" for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+def read_pairs(path: Path, limit: int | None = None) -> datasets.Dataset:
+    pairs = load_pair_files({"pairs": path})[0]["pairs"]
+    return pairs.select(range(min(limit, len(pairs)))) if limit else pairs
+
+
 def prepare_tokenizer(args: argparse.Namespace, train_file: Path, out_dir: Path) -> Path:
     """A tokenizer directory shared by every model: --tokenizer, or WordPiece trained once on the train split."""
     if args.tokenizer:
         load_tokenizer(args.tokenizer)  # fail now if it does not load
         return Path(args.tokenizer).resolve() if Path(args.tokenizer).exists() else Path(args.tokenizer)
     if not (out_dir / "tokenizer.json").is_file():
-        rows = [json.loads(line) for line in train_file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        texts = [text for row in rows for text in (row["source"], row["target"])]
-        save_tokenizer(train_wordpiece_tokenizer(texts, vocab_size=args.vocab_size), out_dir)
+        pairs = read_pairs(train_file)
+        vocab_size = {"vocab_size": args.vocab_size} if args.vocab_size else {}
+        save_tokenizer(train_wordpiece_tokenizer([*pairs["source"], *pairs["target"]], **vocab_size), out_dir)
     return out_dir.resolve()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The shared recipe
+# The shared recipe and the models
 # ---------------------------------------------------------------------------------------------------------------------
 
 
 def recipe_argv(args: argparse.Namespace, files: dict[str, Path], tokenizer: Path, seed: int, out: Path) -> list[str]:
     """`training/run.py` flags shared by every model: data, sizes, optimiser, schedule, selection, decoding."""
     argv = [
-        "--dataset", "files",
         "--train_file", str(files["train"]),
         "--validation_file", str(files["valid"]),
         "--test_file", str(files["test"]),
         "--tokenizer_name", str(tokenizer),
-        "--d_model", str(args.d_model),
-        "--layers", str(args.layers),
-        "--attention_heads", str(args.attention_heads),
-        "--ffn_dim", str(args.ffn_dim),
-        "--dropout", str(args.dropout),
         "--output_dir", str(out),
         "--do_train", "true", "--do_eval", "true", "--do_predict", "true",
-        "--max_steps", str(args.max_steps),
-        "--learning_rate", str(args.learning_rate),
-        "--warmup_steps", str(args.warmup_steps),
-        "--per_device_train_batch_size", str(args.batch_size),
-        "--per_device_eval_batch_size", str(args.eval_batch_size),
         "--eval_strategy", "steps", "--save_strategy", "steps",  # selection by validation loss, every 1/evaluations
         "--eval_steps", str(1 / args.evaluations), "--save_steps", str(1 / args.evaluations),
         "--save_only_model", "true",
         "--logging_steps", str(max(1, args.max_steps // 20)),
-        "--generation_num_beams", str(NUM_BEAMS),
         "--seed", str(seed),
         "--dataloader_pin_memory", "false",
         "--report_to", "none",
         "--disable_tqdm", "true",
     ]  # fmt: skip
-    if args.max_test_samples:
-        argv += ["--max_predict_samples", str(args.max_test_samples)]
+    for name, flag in RUN_FLAGS.items():
+        if getattr(args, name) is not None:
+            argv += [f"--{flag}", str(getattr(args, name))]
     return argv
 
 
 def train_cdnpg(variant: str, argv: list[str], log_path: Path, threads: int | None) -> dict[str, float]:
-    """One `training/run.py` run in a subprocess (memory is returned between models); its metrics.json."""
+    """One `training/run.py` run in a subprocess (memory is returned between models); its all_results.json."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
@@ -247,74 +267,25 @@ def train_cdnpg(variant: str, argv: list[str], log_path: Path, threads: int | No
         tail = "".join(log_path.read_text(encoding="utf-8").splitlines(keepends=True)[-30:])
         raise RuntimeError(f"training/run.py --granularity_mask {variant} failed (log: {log_path}):\n{tail}")
     out_dir = Path(argv[argv.index("--output_dir") + 1])
-    return json.loads((out_dir / "metrics.json").read_text())
-
-
-def build_bart(model_args, tokenizer) -> BartForConditionalGeneration:
-    """BART with C-DNPG's dimensions and special tokens; what differs is BART's own (layernorm_embedding,
-    final_logits_bias) and the attention (no granularity mask)."""
-    config = bart_config_like(cdnpg_run.build_config(model_args, tokenizer))
-    model = BartForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(
-        num_beams=NUM_BEAMS,
-        max_new_tokens=MAX_NEW_TOKENS,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
-    )
-    return model
+    return json.loads((out_dir / "all_results.json").read_text())
 
 
 def train_bart(argv: list[str], metric) -> dict[str, float]:
-    """BART through `Seq2SeqTrainer` with run.py's arguments, data loading and tokenization, in this process."""
-    model_args, data_args, training_args = cdnpg_run.parse_args(argv)
+    """BART of the same size through run.py's pipeline (data, tokenizer, Trainer, train, save, evaluate, generate,
+    score), in this process; only the model differs."""
+    model_args, data_args, training_args = training.parse_args(argv)
     set_seed(training_args.seed)
-    corpus = cdnpg_run.load_pairs(data_args)
-    tokenizer = load_tokenizer(model_args.tokenizer_name)
-    features = cdnpg_run.tokenize(corpus, tokenizer, data_args)
-    model = build_bart(model_args, tokenizer)
-    trainer = Seq2SeqTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=features["train"],
-        eval_dataset=features["validation"],
-        processing_class=tokenizer,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-    )
-    metrics = dict(trainer.train().metrics)
-    metrics.update(trainer.evaluate(features["validation"], metric_key_prefix="eval"))
-    prediction = trainer.predict(features["test"], metric_key_prefix="test")
-    metrics.update(prediction.metrics)
-    ids = prediction.predictions
-    ids[ids < 0] = tokenizer.pad_token_id
-    predictions = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    test = corpus["test"]
-    scores = metric.compute(predictions=predictions, references=test["target"], sources=test["source"])
-    metrics.update({f"test_{k}": float(v) for k, v in scores.items()})
-    metrics["best_metric"] = trainer.state.best_metric
-    metrics["global_step"] = trainer.state.global_step
-    out_dir = Path(training_args.output_dir)
-    write_predictions(out_dir / "predictions.jsonl", test["source"], test["target"], predictions)
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    return metrics
+    corpus, tokenizer, features = training.prepare_data(model_args, data_args, training_args)
+    model = training.bart_like(training.build_config(model_args, tokenizer))
+    trainer = training.make_trainer(model, tokenizer, features, training_args, data_args.max_target_length)
+    return training.train_and_score(trainer, corpus, features, metric, data_args.max_target_length)
 
 
-def copy_source(files: dict[str, Path], max_test_samples: int | None, metric, out_dir: Path) -> dict[str, float]:
+def copy_source(pairs: datasets.Dataset, metric, out_dir: Path) -> dict[str, float]:
     """The trivial baseline: the prediction is the source sentence itself."""
-    rows = [json.loads(line) for line in files["test"].read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = rows[:max_test_samples] if max_test_samples else rows
-    sources, targets = [row["source"] for row in rows], [row["target"] for row in rows]
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_predictions(out_dir / "predictions.jsonl", sources, targets, sources)
-    scores = metric.compute(predictions=sources, references=targets, sources=sources)
-    return {f"test_{k}": float(v) for k, v in scores.items()}
-
-
-def write_predictions(path: Path, sources, references, predictions) -> None:
-    with path.open("w", encoding="utf-8") as out:
-        for source, reference, predicted in zip(sources, references, predictions, strict=True):
-            out.write(json.dumps({"source": source, "reference": reference, "prediction": predicted}) + "\n")
+    training.write_predictions(out_dir / "predictions.jsonl", pairs, pairs["source"])
+    return training.score(metric, pairs["source"], pairs)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -332,7 +303,8 @@ def summarize(runs: list[dict]) -> dict[str, dict[str, float]]:
     return summary
 
 
-def record(results: dict, name: str, seed: int, raw: dict[str, float], wall_s: float) -> None:
+def record(results: dict, name: str, seed: int, raw: dict[str, float], state: dict, wall_s: float) -> None:
+    """One run's test metrics, with the steps and best validation loss of its trainer state."""
     metrics = {key.removeprefix("test_"): value for key, value in raw.items() if key.startswith("test_")}
     entry = results["models"].setdefault(name, {"runs": []})
     entry["runs"] = [run for run in entry["runs"] if run["seed"] != seed]
@@ -340,8 +312,8 @@ def record(results: dict, name: str, seed: int, raw: dict[str, float], wall_s: f
         {
             "seed": seed,
             "metrics": {k: v for k, v in metrics.items() if k in METRIC_KEYS or k == "sacrebleu_self"},
-            "steps": raw.get("global_step", raw.get("train_global_step")),
-            "best_validation_loss": raw.get("best_metric", raw.get("eval_loss")),
+            "steps": state.get("global_step"),
+            "best_validation_loss": state.get("best_metric", raw.get("eval_loss")),
             "eval_loss": raw.get("eval_loss"),
             "wall_s": round(wall_s, 1),
         }
@@ -427,6 +399,36 @@ def report(results: dict, plot_path: str | None) -> None:
     )
 
 
+def resolved_setup(args: argparse.Namespace, files: dict[str, Path], tokenizer_dir: Path) -> dict:
+    """What every model is trained with, defaults filled in: run.py parses the recipe as it will for each model."""
+    try:
+        model_args, data_args, training_args = training.parse_args(
+            recipe_argv(args, files, tokenizer_dir, 0, files["train"].parent)
+        )
+    except training.UsageError as error:
+        raise SystemExit(f"error: {error}") from None
+    config = CDNPGConfig(**model_args.config_overrides())
+    return {
+        "d_model": config.d_model,
+        "layers": config.encoder_layers,
+        "attention_heads": config.encoder_attention_heads,
+        "ffn_dim": config.encoder_ffn_dim,
+        "dropout": config.dropout,
+        "vocab_size": len(load_tokenizer(tokenizer_dir)),
+        "batch_size": training_args.per_device_train_batch_size,
+        "eval_batch_size": training_args.per_device_eval_batch_size,
+        "num_beams": training_args.generation_num_beams,
+        "max_new_tokens": data_args.max_target_length,
+    }
+
+
+def train(name: str, seed: int, args: argparse.Namespace, argv: list[str], out_dir: Path, metric) -> dict[str, float]:
+    """One model's run: BART in this process, a C-DNPG variant through training/run.py."""
+    if name == BART:
+        return train_bart(argv, metric)
+    return train_cdnpg(name, argv, out_dir / f"{name}-seed{seed}.log", args.threads)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out_dir = Path(args.output_dir).resolve()
@@ -438,23 +440,24 @@ def main(argv: list[str] | None = None) -> dict:
     transformers.utils.logging.set_verbosity_warning()
     if args.threads:
         torch.set_num_threads(args.threads)
-    files = prepare_data(args, out_dir / "data")
+    files = prepare_files(args, out_dir / "data")
     tokenizer_dir = prepare_tokenizer(args, files["train"], out_dir / "tokenizer")
-    n_train = sum(1 for line in files["train"].read_text(encoding="utf-8").splitlines() if line.strip())
-    metric = evaluate.load(str(ROOT / "training" / "paraphrase_metrics"))
+    setup = resolved_setup(args, files, tokenizer_dir)
+    n_train = len(read_pairs(files["train"]))
+    test_pairs = read_pairs(files["test"], args.max_test_samples)
+    metric = training.load_metric()
     results = {
         "config": {
             **{k: v for k, v in vars(args).items() if k != "plot"},
+            **setup,
             "files": {split: str(path) for split, path in files.items()},
             "tokenizer_dir": str(tokenizer_dir),
             "train_pairs": n_train,
-            "test_pairs": _count_test(files, args),
-            "num_beams": NUM_BEAMS,
-            "max_new_tokens": MAX_NEW_TOKENS,
+            "test_pairs": len(test_pairs),
             "data": f"{n_train:,} training pairs ({files['train'].name})",
-            "recipe": f"d {args.d_model}, {args.layers}+{args.layers} layers, {args.attention_heads} heads, ffn "
-            f"{args.ffn_dim}; {args.max_steps} steps, lr {args.learning_rate}, warm-up {args.warmup_steps}, "
-            f"batch {args.batch_size}",
+            "recipe": f"d {setup['d_model']}, {setup['layers']}+{setup['layers']} layers, {setup['attention_heads']} "
+            f"heads, ffn {setup['ffn_dim']}; {args.max_steps} steps, lr {args.learning_rate}, warm-up "
+            f"{args.warmup_steps}, batch {setup['batch_size']}",
         },
         "machine": {
             "cpu": _cpu_name(),
@@ -470,40 +473,25 @@ def main(argv: list[str] | None = None) -> dict:
     results_path = out_dir / "results.json"
     results["models"] = previous_runs(results_path, results["config"])
     started = time.perf_counter()
-    record(results, COPY, 0, copy_source(files, args.max_test_samples, metric, out_dir / COPY), 0.0)
+    record(results, COPY, 0, copy_source(test_pairs, metric, out_dir / COPY), {}, 0.0)
     write_results(results, results_path)
+    models = [*args.variants, *([] if args.no_bart else [BART])]
     for seed in args.seeds:
-        for name in [*args.variants, *([] if args.no_bart else [BART])]:
+        for name in models:
             run_dir = out_dir / f"{name}-seed{seed}"
             run_dir.mkdir(parents=True, exist_ok=True)
-            argv_run = recipe_argv(args, files, tokenizer_dir, seed, run_dir)
             tic = time.perf_counter()
-            if name == BART:
-                raw = train_bart(argv_run, metric)
-            else:
-                raw = train_cdnpg(name, argv_run, out_dir / f"{name}-seed{seed}.log", args.threads)
-            record(results, name, seed, raw, time.perf_counter() - tic)
-            # C-DNPG's metrics.json has no step count; read it from the trainer state
-            state = run_dir / "trainer_state.json"
-            if name != BART and state.is_file():
-                trainer_state = json.loads(state.read_text())
-                run_entry = results["models"][name]["runs"][-1]
-                run_entry["steps"] = trainer_state.get("global_step")
-                run_entry["best_validation_loss"] = trainer_state.get("best_metric")
+            raw = train(name, seed, args, recipe_argv(args, files, tokenizer_dir, seed, run_dir), out_dir, metric)
+            state = json.loads((run_dir / "trainer_state.json").read_text())
+            record(results, name, seed, raw, state, time.perf_counter() - tic)
             results["wall_s"] = round(time.perf_counter() - started, 1)
             write_results(results, results_path)
-    order = [*args.variants, *([] if args.no_bart else [BART])]
-    order += [name for name in results["models"] if name not in (*order, COPY)] + [COPY]
+    order = [*models, *(name for name in results["models"] if name not in (*models, COPY)), COPY]
     results["models"] = {name: results["models"][name] for name in order}
     results["config"]["seeds"] = sorted({run["seed"] for entry in results["models"].values() for run in entry["runs"]})
     write_results(results, results_path)
     report(results, args.plot)
     return results
-
-
-def _count_test(files: dict[str, Path], args: argparse.Namespace) -> int:
-    n = sum(1 for line in files["test"].read_text(encoding="utf-8").splitlines() if line.strip())
-    return min(n, args.max_test_samples) if args.max_test_samples else n
 
 
 def _cpu_name() -> str:

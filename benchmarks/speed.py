@@ -47,17 +47,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # runnable as `python benchmarks/speed.py` without installing the project
-    sys.path.insert(0, str(ROOT))
+import torch
+import transformers
+from torch.profiler import ProfilerActivity, profile
+from transformers import BartForConditionalGeneration, GenerationConfig
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from bart_baseline import bart_config_like  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-from transformers import BartForConditionalGeneration, GenerationConfig  # noqa: E402
-
-from modeling_cdnpg import CDNPGConfig, CDNPGForConditionalGeneration  # noqa: E402
+from cdnpg.training import bart_config_like
+from modeling_cdnpg import CDNPGConfig, CDNPGForConditionalGeneration
 
 GA_VARIANTS = ("resonance", "scope", "product", "mean")
 PAD, BOS, EOS = 0, 101, 102  # bert-base-uncased's [PAD], [CLS], [SEP], as in the paper's setup

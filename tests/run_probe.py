@@ -1,4 +1,4 @@
-"""Runs training/run.py's `main()` with test-only callbacks, for the resume and multi-process tests.
+"""Runs `cdnpg.training.main()` (training/run.py) with test-only callbacks, for the resume and multi-process tests.
 
     python tests/run_probe.py [--kill_after_step N] RUN_PY_ARGS...
 
@@ -15,8 +15,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from run import main
+from cdnpg.training import main
 
 
 class KillAfterSave(TrainerCallback):

@@ -1,4 +1,5 @@
-"""Tests for training/paraphrase_metrics (the paper's metrics as an ``evaluate`` module) and its WordNet installer.
+"""Tests for cdnpg.training.paraphrase_metrics (the paper's metrics as an ``evaluate`` module) and the WordNet
+installer.
 
 Expected values are derived by hand in the comments. Tests that need WordNet fail (not skip) when it is missing,
 because CI installs it; the failure says how.
@@ -15,8 +16,9 @@ from types import ModuleType
 
 import pytest
 
+from cdnpg.training import METRICS_SCRIPT, paraphrase_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
-METRIC_DIR = ROOT / "training" / "paraphrase_metrics"
 INSTALL_WORDNET = ROOT / "training" / "install_wordnet.py"
 WORDNET_HINT = (
     "WordNet is not installed for NLTK. Run:\n"
@@ -42,7 +44,7 @@ def _load_file(name: str, path: Path) -> ModuleType:
 @pytest.fixture(scope="session")
 def pm() -> ModuleType:
     """The metric script imported as a plain module, to test its helpers directly."""
-    return _load_file("paraphrase_metrics_under_test", METRIC_DIR / "paraphrase_metrics.py")
+    return paraphrase_metrics
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +63,7 @@ def metric(wordnet: None):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")
         patch.setenv("HF_EVALUATE_OFFLINE", "1")
-        return evaluate.load(str(METRIC_DIR))
+        return evaluate.load(str(METRICS_SCRIPT))
 
 
 def test_normalisation_lowercases_and_splits_punctuation_like_bert(pm: ModuleType) -> None:
@@ -221,7 +223,7 @@ def test_evaluate_load_works_offline(monkeypatch, wordnet: None) -> None:
         raise OSError("network access attempted during an offline test")
 
     monkeypatch.setattr(socket.socket, "connect", no_network)
-    loaded = evaluate.load(str(METRIC_DIR))
+    loaded = evaluate.load(str(METRICS_SCRIPT))
     scores = loaded.compute(predictions=["a b c d e"], references=["a b c d e"])
     assert scores["bleu4"] == pytest.approx(IDENTICAL_BLEU4)
 

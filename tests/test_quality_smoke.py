@@ -1,6 +1,7 @@
 """`benchmarks/quality.py --quick` trains every model end to end on the embedded template corpus and writes
-results.json. No quality is asserted (a tiny model trained for a few steps says nothing), except for the copy-source
-baseline, whose self-BLEU-4 must show that it copies; the full benchmark and its reading are in docs/benchmarks.md."""
+results.json, keeping the flags given with --quick. No quality is asserted (a tiny model trained for a few steps says
+nothing), except for the copy-source baseline, whose self-BLEU-4 must show that it copies; the full benchmark and its
+reading are in docs/benchmarks.md."""
 
 import json
 import math
@@ -18,7 +19,15 @@ METRIC_KEYS = ("ibleu", "ibleu_paper", "bleu2", "bleu4", "rougeL", "meteor", "sa
 def test_quality_quick_scores_every_model(tmp_path):
     out = tmp_path / "quality"
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--output_dir", str(out)],
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "quality.py"),
+            "--quick",
+            "--max_steps",
+            "6",
+            "--output_dir",
+            str(out),
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -28,6 +37,7 @@ def test_quality_quick_scores_every_model(tmp_path):
     assert "| copy the source |" in completed.stdout  # the table was printed
 
     results = json.loads((out / "results.json").read_text())
+    assert results["config"]["max_steps"] == 6 and results["config"]["d_model"] == 32  # the flag given, then --quick's
     assert list(results["models"]) == ["none", "resonance", "scope", "bart", "copy-source"]
     for name, entry in results["models"].items():
         assert [run["seed"] for run in entry["runs"]] == [0], name

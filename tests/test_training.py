@@ -1,13 +1,16 @@
-"""Training: the Trainer API contract, training/run.py end to end, resume after a kill, and 2-process DDP on CPU."""
+"""Training: the Trainer API contract, training/run.py end to end (also from a wheel install), the data flags, a
+failure after training, resume after a kill, and 2-process DDP on CPU."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -16,10 +19,13 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
-from cdnpg.data import save_tokenizer, template_corpus, train_wordpiece_tokenizer
+from cdnpg.data import save_tokenizer, template_corpus, train_wordpiece_tokenizer, write_template_corpus
+from cdnpg.training import PostTrainingError, UsageError, main, parse_args
 from tests.conftest import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
+# a virtualenv with the train extras and no editable install (scripts/test.sh builds .venv-wheel)
+WHEEL_PYTHON = os.environ.get("CDNPG_WHEEL_PYTHON")
 # A tiny model and corpus: every run below takes seconds of training on a CPU.
 TINY = [
     "--d_model", "32", "--layers", "1", "--attention_heads", "2", "--ffn_dim", "64", "--vocab_size", "400",
@@ -30,13 +36,131 @@ TINY = [
 ]  # fmt: skip
 
 
-def run(args: list[str], launcher: list[str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    command = [*(launcher or [sys.executable]), str(ROOT / "tests" / "run_probe.py"), *args]
+def run(
+    args: list[str],
+    launcher: list[str] | None = None,
+    check: bool = True,
+    script: Path = ROOT / "tests" / "run_probe.py",
+    cwd: Path = ROOT,
+) -> subprocess.CompletedProcess:
+    command = [*(launcher or [sys.executable]), str(script), *args]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "warning", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=900, env=env)
     if check:
         assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+def pair_files(folder: Path) -> dict[str, Path]:
+    """Small train / valid / test JSONL files of the template corpus, in a folder of the user's."""
+    return write_template_corpus(folder, num_train=64, num_valid=8, num_test=8, seed=5)
+
+
+def docstring_command(files: dict[str, Path], output: Path) -> list[str]:
+    """training/run.py's documented paper recipe on the user's files, made fast by a tiny model and 4 steps."""
+    return [
+        str(ROOT / "training" / "configs" / "paper.yaml"),
+        "--train_file", str(files["train"]), "--validation_file", str(files["valid"]),
+        "--test_file", str(files["test"]), "--output_dir", str(output),
+        "--d_model", "32", "--layers", "1", "--attention_heads", "2", "--ffn_dim", "64", "--vocab_size", "300",
+        "--max_steps", "4", "--per_device_train_batch_size", "16", "--warmup_steps", "1", "--disable_tqdm", "True",
+    ]  # fmt: skip
+
+
+def test_data_flags_select_their_dataset():
+    assert parse_args(["--train_file", "pairs.jsonl"])[1].dataset == "files"
+    assert parse_args(["--quora_file", "quora.tsv"])[1].dataset == "quora_raw"
+    assert (
+        parse_args(["--twitter_train_file", "t.txt", "--twitter_test_files", "a.txt"])[1].dataset == "twitter_url_raw"
+    )
+    assert parse_args(["--dataset_name", "someone/pairs"])[1].dataset == "hub"
+    assert parse_args([])[1].dataset == "template"
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--dataset", "template", "--train_file", "pairs.jsonl"], ("--dataset template", "--train_file")),
+        (["--train_file", "pairs.jsonl", "--quora_file", "quora.tsv"], ("--train_file", "--quora_file")),
+        (["--template_sizes", "10", "2", "2", "--test_file", "t.jsonl"], ("--template_sizes", "--test_file")),
+        (["--validation_file", "valid.jsonl"], ("--validation_file", "needs --train_file")),
+        (["--model_name_or_path", "runs/x", "--d_model", "64"], ("--d_model", "--model_name_or_path")),
+    ],
+)
+def test_contradictory_flags_stop_with_an_error_naming_both(flags, named):
+    with pytest.raises(UsageError) as error:
+        parse_args(flags)
+    assert all(name in str(error.value) for name in named), str(error.value)
+
+
+def test_architecture_flags_default_to_the_config(tmp_path):
+    model_args = parse_args([])[0]
+    assert model_args.d_model is None and model_args.config_overrides() == {}
+    overrides = parse_args(["--layers", "2", "--dropout", "0.2"])[0].config_overrides()
+    assert overrides == {"encoder_layers": 2, "decoder_layers": 2, "dropout": 0.2, "attention_dropout": 0.2}
+
+
+@pytest.mark.slow
+def test_the_docstring_command_trains_on_the_given_files(tmp_path):
+    files = pair_files(tmp_path / "mydata")
+    output = tmp_path / "out"
+    run(docstring_command(files, output), script=ROOT / "training" / "run.py")
+    test_sources = [json.loads(line)["source"] for line in files["test"].read_text().splitlines()]
+    predictions = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert [row["source"] for row in predictions] == test_sources
+    card = (output / "README.md").read_text()
+    assert "mydata/train.jsonl" in card and "64 train" in card
+    assert "template" not in yaml.safe_load(card.split("---")[1])["datasets"]
+
+
+@pytest.mark.parametrize(
+    "broken, step",
+    [("render_model_card", "writing the model card"), ("score", "generation and scoring of the test split")],
+)
+def test_a_failure_after_training_keeps_the_saved_model(tmp_path, monkeypatch, broken, step):
+    def fail(*args, **kwargs):
+        raise FileNotFoundError("simulated failure")
+
+    monkeypatch.setattr(f"cdnpg.training.pipeline.{broken}", fail)
+    output = tmp_path / "out"
+    with pytest.raises(PostTrainingError) as error:
+        main(["--output_dir", str(output), *TINY, "--max_steps", "3", "--do_train", "--do_predict"])
+    assert step in str(error.value) and "simulated failure" in str(error.value) and str(output) in str(error.value)
+    model = AutoModelForSeq2SeqLM.from_pretrained(output)
+    assert json.loads((output / "train_results.json").read_text())["train_loss"] > 0
+    assert model.config.d_model == 32
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not WHEEL_PYTHON, reason="CDNPG_WHEEL_PYTHON (a virtualenv with the train extras) is not set")
+def test_run_py_with_the_package_installed_from_a_wheel_saves_everything(tmp_path):
+    """The package built as a wheel and installed (not editable), run.py started from another directory: the
+    model, the card, the metrics and the predictions all come out."""
+    source = tmp_path / "source"  # a clean copy: no build/ or egg-info left over from earlier builds
+    shutil.copytree(
+        ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "dist", "runs", "*.egg-info", "__pycache__")
+    )
+    wheels = tmp_path / "wheels"
+    pip = [WHEEL_PYTHON, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, source], check=True, timeout=600)
+    (wheel,) = wheels.glob("cdnpg-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--force-reinstall", wheel], check=True, timeout=600)
+    shutil.rmtree(source)
+
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    where = subprocess.run(
+        [WHEEL_PYTHON, "-c", "import cdnpg.training, modeling_cdnpg; print(cdnpg.training.__file__)"],
+        cwd=workdir, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "site-packages" in where.stdout, where.stdout
+    files = pair_files(workdir / "mydata")
+    output = workdir / "out"
+    run(docstring_command(files, output), launcher=[WHEEL_PYTHON], script=ROOT / "training" / "run.py", cwd=workdir)
+    assert (output / "model.safetensors").is_file() and (output / "modeling_cdnpg.py").is_file()
+    assert "mydata/train.jsonl" in (output / "README.md").read_text()
+    assert json.loads((output / "all_results.json").read_text())["test_bleu4"] >= 0
+    assert len((output / "predictions.jsonl").read_text().splitlines()) == 8
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +231,10 @@ def test_run_py_writes_a_hub_ready_checkpoint_predictions_and_metrics(tmp_path):
     assert (output / "trainer_state.json").is_file()
     rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 16 and set(rows[0]) == {"source", "reference", "prediction"}
-    metrics = json.loads((output / "metrics.json").read_text())
+    metrics = json.loads((output / "all_results.json").read_text())
     for key in ("test_bleu4", "test_ibleu", "test_ibleu_paper", "test_rougeL", "test_meteor", "train_loss"):
         assert key in metrics and metrics[key] == metrics[key], key  # present and not NaN
+    assert json.loads((output / "test_results.json").read_text())["test_bleu4"] == metrics["test_bleu4"]
     config = json.loads((output / "config.json").read_text())
     assert config["granularity_mask"] == "resonance" and "custom_pipelines" in config and config["use_cache"]
     generation = json.loads((output / "generation_config.json").read_text())

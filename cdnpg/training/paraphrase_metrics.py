@@ -1,8 +1,8 @@
 """Paraphrase-generation metrics of C-DNPG (Gu et al., COLING 2022), as an ``evaluate`` module.
 
-Load it offline with ``evaluate.load("training/paraphrase_metrics")`` and call
-``compute(predictions=[...], references=[...], sources=[...])``. Every score is multiplied by 100; the sentence-level
-ones are computed per sentence and then averaged (the released C-DNPG code averages the same way).
+Load it offline with ``cdnpg.training.load_metric()`` or ``evaluate.load(str(cdnpg.training.METRICS_SCRIPT))`` (this
+file) and call ``compute(predictions=[...], references=[...], sources=[...])``. Every score is multiplied by 100;
+the sentence-level ones are computed per sentence and then averaged (the released C-DNPG code averages the same way).
 
 Normalisation
     Prediction, reference and source go through the same steps: lowercase, then BERT's basic pre-tokenisation
@@ -112,7 +112,7 @@ Returns:
     dict of floats (x100): bleu2, bleu4, rougeL, meteor, sacrebleu, and with sources also ibleu, ibleu_paper,
     self_bleu4, sacrebleu_self.
 Examples:
-    >>> metric = evaluate.load("training/paraphrase_metrics")
+    >>> metric = evaluate.load(str(cdnpg.training.METRICS_SCRIPT))
     >>> scores = metric.compute(predictions=["how do i lose weight?"], references=["how can i lose weight ?"],
     ...                         sources=["what is the best way to lose weight ?"])
     >>> sorted(scores)

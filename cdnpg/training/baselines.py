@@ -4,7 +4,7 @@ Same dimensions, ReLU feed-forward, dropouts, learned positions, tied embeddings
 What remains different is BART's own (layernorm_embedding, final_logits_bias) and the attention (no granularity mask).
 """
 
-from transformers import BartConfig
+from transformers import BartConfig, BartForConditionalGeneration
 
 from configuration_cdnpg import CDNPGConfig
 
@@ -33,3 +33,8 @@ def bart_config_like(config: CDNPGConfig) -> BartConfig:
         forced_eos_token_id=None,  # BART's default forces token 2 at max length; C-DNPG forces nothing
         tie_word_embeddings=True,
     )
+
+
+def bart_like(config: CDNPGConfig) -> BartForConditionalGeneration:
+    """A freshly initialised BART of the same size (torch's current seed decides its weights)."""
+    return BartForConditionalGeneration(bart_config_like(config))

@@ -1,0 +1,248 @@
+"""The arguments of a training run: the model, the data and `Seq2SeqTrainingArguments` with the paper's recipe.
+
+Architecture flags default to None, which means "CDNPGConfig's default" (the paper's model), so the paper's numbers
+live in one place. The data source is inferred from the data flags; flags of two different sources are an error.
+"""
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+
+from configuration_cdnpg import GRANULARITY_MASK_MODES, GRANULARITY_MASKS, CDNPGConfig
+
+PAPER = CDNPGConfig()  # the defaults shown in --help
+DATASETS = ("template", "files", "quora_raw", "twitter_url_raw", "hub")
+SOURCE_FLAGS = {  # the flags that belong to one data source: giving any of them selects it
+    "template": ("template_sizes",),
+    "files": ("train_file", "validation_file", "test_file"),
+    "quora_raw": ("quora_file",),
+    "twitter_url_raw": ("twitter_train_file", "twitter_test_files"),
+    "hub": ("dataset_name",),
+}
+REQUIRED_FLAGS = {
+    "files": ("train_file",),
+    "quora_raw": ("quora_file",),
+    "twitter_url_raw": ("twitter_train_file", "twitter_test_files"),
+    "hub": ("dataset_name",),
+}
+TEMPLATE_SIZES = (6000, 500, 500)  # train, validation, test pairs of the embedded template corpus
+# ModelArguments flag -> the CDNPGConfig fields it sets
+ARCHITECTURE_FLAGS = {
+    "granularity_mask": ("granularity_mask",),
+    "granularity_mask_mode": ("granularity_mask_mode",),
+    "cross_attention_granularity": ("cross_attention_granularity",),
+    "scope_epsilon": ("scope_epsilon",),
+    "d_model": ("d_model",),
+    "layers": ("encoder_layers", "decoder_layers"),
+    "attention_heads": ("encoder_attention_heads", "decoder_attention_heads"),
+    "ffn_dim": ("encoder_ffn_dim", "decoder_ffn_dim"),
+    "dropout": ("dropout", "attention_dropout"),
+}
+
+
+class UsageError(ValueError):
+    """A flag or input the user gave is wrong; `training/run.py` prints the message without a traceback."""
+
+
+def _default(what: str, value: object) -> str:
+    return f"{what} (default: CDNPGConfig's, {value})."
+
+
+@dataclass
+class ModelArguments:
+    """The C-DNPG architecture (None: CDNPGConfig's default, the paper's) or an existing checkpoint to fine-tune."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Fine-tune this checkpoint instead of training a new model."}
+    )
+    granularity_mask: str | None = field(
+        default=None,
+        metadata={
+            "help": _default(f"Eq. 9 mask, one of {GRANULARITY_MASKS} ('none' = Transformer)", PAPER.granularity_mask)
+        },
+    )
+    granularity_mask_mode: str | None = field(
+        default=None,
+        metadata={
+            "help": _default(
+                f"How the mask adjusts attention, one of {GRANULARITY_MASK_MODES}", PAPER.granularity_mask_mode
+            )
+        },
+    )
+    cross_attention_granularity: bool | None = field(
+        default=None,
+        metadata={
+            "help": _default(
+                "Resonance mask in cross-attention, as in the released code", PAPER.cross_attention_granularity
+            )
+        },
+    )
+    scope_epsilon: float | None = field(
+        default=None, metadata={"help": _default("The window epsilon of the scope mask (eq. 8)", PAPER.scope_epsilon)}
+    )
+    d_model: int | None = field(default=None, metadata={"help": _default("Hidden size", PAPER.d_model)})
+    layers: int | None = field(
+        default=None, metadata={"help": _default("Encoder and decoder layers each", PAPER.encoder_layers)}
+    )
+    attention_heads: int | None = field(
+        default=None, metadata={"help": _default("Attention heads", PAPER.encoder_attention_heads)}
+    )
+    ffn_dim: int | None = field(
+        default=None, metadata={"help": _default("Feed-forward inner size", PAPER.encoder_ffn_dim)}
+    )
+    dropout: float | None = field(
+        default=None, metadata={"help": _default("Dropout on residual branches and attention", PAPER.dropout)}
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={"help": "A tokenizer folder or cached name (e.g. bert-base-uncased files); default: train one."},
+    )
+    vocab_size: int = field(default=8000, metadata={"help": "Size of the WordPiece vocabulary trained by default."})
+
+    def __post_init__(self):
+        given = [f"--{name}" for name in ARCHITECTURE_FLAGS if getattr(self, name) is not None]
+        if self.model_name_or_path and given:
+            raise UsageError(
+                f"{', '.join(given)} set the architecture of a new model, but --model_name_or_path "
+                f"{self.model_name_or_path} keeps its own: give one or the other"
+            )
+        CDNPGConfig(**self.config_overrides())  # fail now, naming the field, rather than after loading the data
+
+    def config_overrides(self) -> dict[str, object]:
+        """The CDNPGConfig fields the flags set; the others keep the config's defaults."""
+        return {
+            key: getattr(self, name)
+            for name, keys in ARCHITECTURE_FLAGS.items()
+            if getattr(self, name) is not None
+            for key in keys
+        }
+
+
+@dataclass
+class DataArguments:
+    """Where the paraphrase pairs come from and how they are cut."""
+
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": f"One of {DATASETS}; default: inferred from the data flags (--train_file: files, --quora_file: "
+            "quora_raw, --twitter_train_file: twitter_url_raw, --dataset_name: hub, none of them: template)."
+        },
+    )
+    train_file: str | None = field(default=None, metadata={"help": "dataset=files: JSONL/CSV/TSV training pairs."})
+    validation_file: str | None = field(default=None, metadata={"help": "dataset=files: validation pairs."})
+    test_file: str | None = field(default=None, metadata={"help": "dataset=files: test pairs."})
+    source_column: str = field(default="source", metadata={"help": "Column holding the input sentence."})
+    target_column: str = field(default="target", metadata={"help": "Column holding the paraphrase."})
+    quora_file: str | None = field(default=None, metadata={"help": "dataset=quora_raw: the Kaggle CSV/TSV."})
+    twitter_train_file: str | None = field(default=None, metadata={"help": "dataset=twitter_url_raw: auto pairs."})
+    twitter_test_files: list[str] | None = field(
+        default=None, metadata={"help": "dataset=twitter_url_raw: the human-labelled files."}
+    )
+    dataset_name: str | None = field(default=None, metadata={"help": "dataset=hub: a datasets.load_dataset name."})
+    template_sizes: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": f"dataset=template: train, valid, test sizes (default: {' '.join(map(str, TEMPLATE_SIZES))})."
+        },
+    )
+    data_seed_split: int = field(default=0, metadata={"help": "Seed of corpus generation and shuffled splits."})
+    max_source_length: int = field(default=20, metadata={"help": "Truncate sources to this many tokens (paper: 20)."})
+    max_target_length: int = field(default=20, metadata={"help": "Truncate targets to this many tokens (paper: 20)."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training pairs."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only this many validation pairs."})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "Keep only this many test pairs."})
+    early_stopping_patience: int | None = field(
+        default=None, metadata={"help": "Stop after this many evaluations without a better validation loss."}
+    )
+
+    def __post_init__(self):
+        given = {}  # data source -> the flags of it that were given
+        for source, flags in SOURCE_FLAGS.items():
+            if named := [flag for flag in flags if getattr(self, flag) is not None]:
+                given[source] = named
+        if self.dataset is None:
+            if len(given) > 1:
+                (first, a), (second, b) = list(given.items())[:2]
+                raise UsageError(
+                    f"--{a[0]} (dataset {first}) and --{b[0]} (dataset {second}) select different data: give one"
+                )
+            self.dataset = next(iter(given), "template")
+            selected_by = f"--{given[self.dataset][0]} selects --dataset {self.dataset}, which" if given else ""
+        else:
+            if self.dataset not in DATASETS:
+                raise UsageError(f"--dataset must be one of {DATASETS}, got {self.dataset!r}")
+            for source, flags in given.items():
+                if source != self.dataset:
+                    raise UsageError(
+                        f"--dataset {self.dataset} contradicts --{flags[0]}, which belongs to --dataset {source}: "
+                        "drop one"
+                    )
+            selected_by = f"--dataset {self.dataset}"
+        for name in REQUIRED_FLAGS.get(self.dataset, ()):
+            if not getattr(self, name):
+                raise UsageError(f"{selected_by} needs --{name}")
+        if self.template_sizes is not None and len(self.template_sizes) != 3:
+            raise UsageError(f"--template_sizes takes three numbers (train valid test), got {self.template_sizes}")
+
+
+@dataclass
+class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` with the paper's recipe (Section 4.2) as defaults."""
+
+    output_dir: str = field(default="runs/cdnpg", metadata={"help": "Checkpoint, predictions and metrics go here."})
+    learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate (paper: 5e-5)."})
+    lr_scheduler_type: str = field(default="linear", metadata={"help": "Paper: linear decay after warm-up."})
+    warmup_steps: float = field(default=5000, metadata={"help": "Linear warm-up steps (paper: 5,000)."})
+    per_device_train_batch_size: int = field(default=32, metadata={"help": "Paper: 32."})
+    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Batch size of evaluation/generation."})
+    eval_strategy: str = field(default="epoch", metadata={"help": "When to compute the validation loss."})
+    save_strategy: str = field(default="epoch", metadata={"help": "Must match eval_strategy for model selection."})
+    save_total_limit: int | None = field(default=2, metadata={"help": "Keep the best and the last checkpoints."})
+    load_best_model_at_end: bool = field(default=True, metadata={"help": "Paper: selection by validation loss."})
+    metric_for_best_model: str | None = field(default="loss", metadata={"help": "Select by validation loss."})
+    predict_with_generate: bool = field(default=True, metadata={"help": "Generate on the test split."})
+    generation_num_beams: int | None = field(default=8, metadata={"help": "Beam size (paper: 8)."})
+    logging_steps: float = field(default=50, metadata={"help": "Log the training loss this often."})
+    use_cache: bool = field(
+        default=True,
+        metadata={"help": "Kept in the saved config: generation uses the cache; the loss never does."},
+    )
+
+
+def parse_args(
+    argv: list[str] | None = None,
+) -> tuple[ModelArguments, DataArguments, CDNPGTrainingArguments]:
+    """Flags, or a JSON / YAML file given first whose values act as flags placed before the others (which override
+    them). A wrong value raises `UsageError` naming it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].endswith((".json", ".yaml", ".yml")):
+        path = Path(argv.pop(0))
+        if not path.is_file():
+            raise UsageError(f"argument file {path} does not exist")
+        values = yaml.safe_load(path.read_text()) if path.suffix != ".json" else json.loads(path.read_text())
+        from_file = []
+        for key, value in (values or {}).items():
+            from_file += [f"--{key}", *map(str, value if isinstance(value, list) else [value])]
+        argv = from_file + argv
+    parser = HfArgumentParser((ModelArguments, DataArguments, CDNPGTrainingArguments))
+    try:
+        return parser.parse_args_into_dataclasses(args=argv)
+    except UsageError:
+        raise
+    except ValueError as error:  # raised by a dataclass's checks (TrainingArguments', CDNPGConfig's)
+        raise UsageError(str(error)) from error
+
+
+__all__ = [
+    "DATASETS",
+    "CDNPGTrainingArguments",
+    "DataArguments",
+    "ModelArguments",
+    "UsageError",
+    "parse_args",
+]

@@ -1,0 +1,347 @@
+"""What `training/run.py` does, as functions the benchmarks reuse: data and tokenizer, model, `Seq2SeqTrainer`, then
+train, save, evaluate, generate and score, in that order, so that the weights are on disk before anything that
+could fail after training (evaluation, scoring, the model card, the push) runs."""
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import datasets
+import evaluate
+import transformers
+from transformers import (
+    DataCollatorForSeq2Seq,
+    EarlyStoppingCallback,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Seq2SeqTrainer,
+    TrainerCallback,
+    set_seed,
+)
+
+from cdnpg.data import (
+    load_pair_files,
+    load_tokenizer,
+    make_tokenizer_config_portable,
+    prepare_quora,
+    prepare_twitter_url,
+    template_corpus,
+    train_wordpiece_tokenizer,
+)
+from cdnpg.hub import render_model_card
+from cdnpg.training.arguments import (
+    TEMPLATE_SIZES,
+    CDNPGTrainingArguments,
+    DataArguments,
+    ModelArguments,
+    UsageError,
+    parse_args,
+)
+from configuration_cdnpg import CDNPGConfig
+from modeling_cdnpg import CDNPGForConditionalGeneration
+
+logger = logging.getLogger("cdnpg.training")
+METRICS_SCRIPT = Path(__file__).with_name("paraphrase_metrics.py")  # an `evaluate` module, shipped in the package
+
+
+class PostTrainingError(RuntimeError):
+    """A step after the model was saved failed: the message says which, and where the model is."""
+
+
+@contextmanager
+def model_kept_on_failure(output_dir: str | os.PathLike, step: str) -> Iterator[None]:
+    """Run a step that comes after the model was saved; its failure becomes a `PostTrainingError` saying so."""
+    try:
+        yield
+    except Exception as error:
+        logger.exception("%s failed", step)
+        raise PostTrainingError(
+            f"{step} failed ({type(error).__name__}: {error}); the trained model is saved in {output_dir}"
+        ) from error
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_pairs(args: DataArguments) -> datasets.DatasetDict:
+    """Raw (source, target) splits named train / validation / test, from the source the arguments name."""
+    if args.dataset == "template":
+        train, valid, test = args.template_sizes or TEMPLATE_SIZES
+        corpus = template_corpus(num_train=train, num_valid=valid, num_test=test, seed=args.data_seed_split)
+    elif args.dataset == "files":
+        files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
+        corpus, report = load_pair_files({k: v for k, v in files.items() if v}, args.source_column, args.target_column)
+        logger.info("Read pair files: %s", report.to_dict())
+    elif args.dataset == "quora_raw":
+        corpus, report = prepare_quora(args.quora_file, seed=args.data_seed_split)
+        logger.info("Prepared Quora: %s", report.to_dict())
+    elif args.dataset == "twitter_url_raw":
+        corpus, report = prepare_twitter_url(
+            args.twitter_train_file, args.twitter_test_files, seed=args.data_seed_split
+        )
+        logger.info("Prepared Twitter URL: %s", report.to_dict())
+    else:
+        corpus = datasets.load_dataset(args.dataset_name)
+        corpus = corpus.rename_columns({args.source_column: "source", args.target_column: "target"})
+    corpus = datasets.DatasetDict({("validation" if k == "valid" else k): v for k, v in corpus.items()})
+    limits = {"train": args.max_train_samples, "validation": args.max_eval_samples, "test": args.max_predict_samples}
+    for split, limit in limits.items():
+        if limit is not None and split in corpus:
+            corpus[split] = corpus[split].select(range(min(limit, len(corpus[split]))))
+    return corpus
+
+
+def data_name(args: DataArguments) -> str:
+    """The training data as the model card names it: the Hub dataset, the file (with its folder), or the template."""
+    path = {"files": args.train_file, "quora_raw": args.quora_file, "twitter_url_raw": args.twitter_train_file}
+    if args.dataset in path:
+        resolved = Path(path[args.dataset]).resolve()
+        return f"{resolved.parent.name}/{resolved.name}"
+    return args.dataset_name if args.dataset == "hub" else args.dataset
+
+
+def tokenize(corpus: datasets.DatasetDict, tokenizer, args: DataArguments) -> datasets.DatasetDict:
+    """Sources as `[CLS] tokens [SEP]`; labels as `tokens [SEP]`, since the decoder starts from [CLS] itself."""
+
+    def encode(batch):
+        features = tokenizer(batch["source"], max_length=args.max_source_length, truncation=True)
+        targets = tokenizer(batch["target"], max_length=args.max_target_length + 1, truncation=True)
+        return {
+            "input_ids": features["input_ids"],
+            "attention_mask": features["attention_mask"],
+            "labels": [ids[1:] for ids in targets["input_ids"]],
+        }
+
+    return corpus.map(encode, batched=True, remove_columns=corpus["train"].column_names, desc="Tokenizing")
+
+
+def prepare_data(
+    model_args: ModelArguments, data_args: DataArguments, training_args: CDNPGTrainingArguments
+) -> tuple[datasets.DatasetDict, PreTrainedTokenizerBase, datasets.DatasetDict]:
+    """Pairs, tokenizer and features; the main process first, the others reuse its cache and tokenizer.
+
+    The tokenizer is `--tokenizer_name`'s, the fine-tuned checkpoint's, or WordPiece trained on the training split
+    and kept in `output_dir/tokenizer`, so that a resumed run keeps its vocabulary.
+    """
+    with training_args.main_process_first(desc="data preparation"):
+        corpus = load_pairs(data_args)
+        logger.info("Splits: %s", {split: len(rows) for split, rows in corpus.items()})
+        tokenizer_dir = Path(training_args.output_dir) / "tokenizer"
+        if model_args.tokenizer_name or model_args.model_name_or_path:
+            tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
+        elif training_args.process_index == 0 and not tokenizer_dir.is_dir():
+            texts = [*corpus["train"]["source"], *corpus["train"]["target"]]
+            tokenizer = train_wordpiece_tokenizer(texts, vocab_size=model_args.vocab_size)
+            tokenizer.save_pretrained(tokenizer_dir)
+        else:
+            tokenizer = load_tokenizer(tokenizer_dir)
+        features = tokenize(corpus, tokenizer, data_args)
+    return corpus, tokenizer, features
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model and Trainer
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def build_config(args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> CDNPGConfig:
+    """A new model's config: CDNPGConfig's defaults, the architecture flags given, and the tokenizer's vocabulary
+    size and special ids ([CLS] starts decoding)."""
+    return CDNPGConfig(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        decoder_start_token_id=tokenizer.cls_token_id,
+        **args.config_overrides(),
+    )
+
+
+def build_model(args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> CDNPGForConditionalGeneration:
+    if args.model_name_or_path:
+        return CDNPGForConditionalGeneration.from_pretrained(args.model_name_or_path)
+    return CDNPGForConditionalGeneration(build_config(args, tokenizer))
+
+
+def decoding_config(model: PreTrainedModel, num_beams: int, max_new_tokens: int) -> GenerationConfig:
+    """The checkpoint's decoding defaults: the paper's beam search over at most `max_target_length` new tokens."""
+    config = GenerationConfig.from_model_config(model.config)
+    config.num_beams, config.max_new_tokens, config.use_cache = num_beams, max_new_tokens, True
+    return config
+
+
+class CDNPGTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` that saves tokenizers transformers 4.57 reads too, and whose model card (README.md, also the
+    one `push_to_hub` uploads) is the project's C-DNPG card."""
+
+    card: dict | None = None  # `render_model_card`'s keyword arguments, set by `write_model_card`
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call=_internal_call)
+        if self.args.should_save and self.processing_class is not None:  # checkpoints come through here too
+            make_tokenizer_config_portable(output_dir or self.args.output_dir)
+
+    def write_model_card(self, **card) -> None:
+        self.card = card
+        self.create_model_card()
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        if self.is_world_process_zero():
+            model_id = self.args.hub_model_id or Path(self.args.output_dir).name
+            path = Path(self.args.output_dir) / "README.md"
+            path.with_suffix(".md.tmp").write_text(render_model_card(self.model, model_id, **(self.card or {})))
+            os.replace(path.with_suffix(".md.tmp"), path)
+
+
+def make_trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    features: datasets.DatasetDict,
+    args: CDNPGTrainingArguments,
+    max_new_tokens: int,
+    callbacks: Sequence[TrainerCallback] = (),
+) -> CDNPGTrainer:
+    """The Trainer of a run; the model decodes as the paper does (also in the checkpoints saved during training)."""
+    model.generation_config = decoding_config(model, args.generation_num_beams, max_new_tokens)
+    return CDNPGTrainer(
+        model=model,
+        args=args,
+        train_dataset=features["train"] if args.do_train else None,
+        eval_dataset=features.get("validation") if args.do_eval or args.eval_strategy != "no" else None,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        callbacks=list(callbacks),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Train, save, evaluate, predict, score
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_metric() -> evaluate.EvaluationModule:
+    """The paper's metrics through `evaluate`, tried on one sentence: a missing WordNet fails now, not after
+    training."""
+    metric = evaluate.load(str(METRICS_SCRIPT))
+    metric.compute(predictions=["a test"], references=["a test"], sources=["a test"])
+    return metric
+
+
+def predict(trainer: Seq2SeqTrainer, features: datasets.Dataset) -> tuple[list[str], dict[str, float]]:
+    """Beam search on a tokenized split with the model's decoding defaults: the texts, and the Trainer's metrics."""
+    output = trainer.predict(features, metric_key_prefix="test")
+    ids = output.predictions
+    ids[ids < 0] = trainer.processing_class.pad_token_id  # the padding between batches of different lengths
+    return trainer.processing_class.batch_decode(ids, skip_special_tokens=True), output.metrics
+
+
+def score(metric: evaluate.EvaluationModule, predictions: Sequence[str], pairs: datasets.Dataset) -> dict[str, float]:
+    """The paper's metrics of the predictions against the pairs' targets and sources, as `test_*` keys."""
+    scores = metric.compute(predictions=list(predictions), references=pairs["target"], sources=pairs["source"])
+    return {f"test_{key}": float(value) for key, value in scores.items()}
+
+
+def write_predictions(path: str | os.PathLike, pairs: datasets.Dataset, predictions: Sequence[str]) -> None:
+    """One JSON line per pair: source, reference, prediction."""
+    with Path(path).open("w", encoding="utf-8") as out:
+        for source, reference, predicted in zip(pairs["source"], pairs["target"], predictions, strict=True):
+            out.write(json.dumps({"source": source, "reference": reference, "prediction": predicted}) + "\n")
+
+
+def record(trainer: Seq2SeqTrainer, split: str, new: dict[str, float], metrics: dict[str, float]) -> None:
+    """Log the metrics of a stage, write them to `<split>_results.json` and `all_results.json`, and collect them."""
+    trainer.log_metrics(split, new)
+    trainer.save_metrics(split, new)
+    metrics.update(new)
+
+
+def train_and_score(
+    trainer: Seq2SeqTrainer,
+    corpus: datasets.DatasetDict,
+    features: datasets.DatasetDict,
+    metric: evaluate.EvaluationModule | None,
+    max_new_tokens: int,
+) -> dict[str, float]:
+    """Train (when `do_train`), save the model, evaluate on the validation split, generate and score the test split
+    (when `do_predict`), writing `predictions.jsonl`. Returns every metric; a failure after the save raises
+    `PostTrainingError`."""
+    args, output_dir = trainer.args, trainer.args.output_dir
+    metrics: dict[str, float] = {}
+    if args.do_train:
+        result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+        trainer.save_state()
+        record(trainer, "train", result.metrics, metrics)
+    # Seq2SeqTrainer leaves every generation default in the config (max_length too): save only what was chosen
+    trainer.model.generation_config = decoding_config(trainer.model, args.generation_num_beams, max_new_tokens)
+    trainer.save_model()
+    if "validation" in features and (args.do_eval or args.do_train):
+        with model_kept_on_failure(output_dir, "evaluation on the validation split"):
+            record(trainer, "eval", trainer.evaluate(features["validation"], metric_key_prefix="eval"), metrics)
+    if args.do_predict and "test" in features:
+        with model_kept_on_failure(output_dir, "generation and scoring of the test split"):
+            predictions, test_metrics = predict(trainer, features["test"])
+            if trainer.is_world_process_zero():
+                test_metrics.update(score(metric, predictions, corpus["test"]))
+                write_predictions(Path(output_dir) / "predictions.jsonl", corpus["test"], predictions)
+            record(trainer, "test", test_metrics, metrics)
+    return metrics
+
+
+def training_summary(trainer: Seq2SeqTrainer, data: str, corpus: datasets.DatasetDict) -> str:
+    """The model card's account of the data and the recipe."""
+    args, state = trainer.args, trainer.state
+    splits = ", ".join(f"{len(rows):,} {split}" for split, rows in corpus.items())
+    selection = f"best validation loss {state.best_metric:.4f}" if state.best_metric is not None else "last model"
+    return (
+        f"{data} ({splits} pairs); AdamW lr {args.learning_rate}, {args.lr_scheduler_type.value} schedule, "
+        f"{args.warmup_steps:g} warm-up steps, batch {args.per_device_train_batch_size} per device x "
+        f"{args.world_size} devices, {state.global_step} steps; {selection}."
+    )
+
+
+def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, float]:
+    """`training/run.py`: parse the flags (or a JSON / YAML file), train, save, score, write the card, push."""
+    model_args, data_args, training_args = parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
+    logger.setLevel(training_args.get_process_log_level())
+    metric = load_metric() if training_args.do_predict else None
+    set_seed(training_args.seed)
+
+    corpus, tokenizer, features = prepare_data(model_args, data_args, training_args)
+    model = build_model(model_args, tokenizer)
+    logger.info("C-DNPG (%s): %s parameters", model.config.granularity_mask, f"{model.num_parameters():,}")
+    callbacks = list(callbacks)
+    if data_args.early_stopping_patience:
+        callbacks.append(EarlyStoppingCallback(data_args.early_stopping_patience))
+    trainer = make_trainer(model, tokenizer, features, training_args, data_args.max_target_length, callbacks)
+
+    metrics = train_and_score(trainer, corpus, features, metric, data_args.max_target_length)
+    output_dir = training_args.output_dir
+    with model_kept_on_failure(output_dir, "writing the model card"):
+        trainer.write_model_card(
+            metrics={k.removeprefix("test_"): v for k, v in metrics.items() if k.startswith("test_")},
+            dataset=data_name(data_args),
+            training_summary=training_summary(trainer, data_name(data_args), corpus),
+            max_length=data_args.max_source_length,
+        )
+    if training_args.push_to_hub:
+        with model_kept_on_failure(output_dir, "the push to the Hub"):
+            trainer.push_to_hub(commit_message="C-DNPG checkpoint")
+    return metrics
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """`main` for the command line: a wrong flag, a missing file or a failure after the save ends with its message
+    (the log above it has the details), not a traceback."""
+    try:
+        main(argv)
+    except (UsageError, FileNotFoundError, PostTrainingError) as error:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: error: {error}") from None
