@@ -7,6 +7,17 @@ command line) and the `cdnpg` console script. torch is a range: bring the build 
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+
+class BuildPy(build_py):
+    """Ship the top-level model_card.md (the one source of every checkpoint's README) inside the cdnpg package, where
+    `cdnpg.hub.model_card_template` finds it once installed."""
+
+    def run(self) -> None:
+        super().run()
+        self.copy_file("model_card.md", str(Path(self.build_lib) / "cdnpg" / "model_card.md"))
+
 
 TRAIN = [  # training/run.py, the metrics, the benchmarks and the granularity figures
     "accelerate>=1.0",
@@ -32,4 +43,5 @@ setup(
     install_requires=["torch>=2.4", "transformers>=4.57,<6", "safetensors>=0.4", "huggingface_hub>=0.34"],
     extras_require={"train": TRAIN, "test": [*TRAIN, "pytest>=8", "ruff>=0.6", "rouge-score>=0.1.2"]},
     entry_points={"console_scripts": ["cdnpg=cdnpg.cli:main"]},
+    cmdclass={"build_py": BuildPy},
 )

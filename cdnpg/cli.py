@@ -30,7 +30,6 @@ logger = logging.getLogger("cdnpg.cli")  # not __name__: `python -m cdnpg.cli` r
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
-REPO_ID_PATTERN = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # "owner/name": the only non-path form --model takes
 
 
 class CLIError(Exception):
@@ -58,21 +57,19 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer through the Auto classes, from a local directory or a Hub repo id, in eval mode.
 
-    A path that does not exist and is not of the form "owner/name" fails at once, naming the path, before any
-    download is attempted.
+    A missing model fails at once, naming the path, before torch is imported or the Hub asked
+    (`cdnpg.hub.resolve_model_source`).
     """
-    path = Path(name_or_path).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise CLIError(f"--model {name_or_path}: is a file; give a saved model directory or a Hub repo id")
-        if not (path / "config.json").is_file():
-            raise CLIError(f"--model {name_or_path}: no config.json there, not a saved model directory")
-        source, where = str(path), "directory"
-    elif REPO_ID_PATTERN.fullmatch(name_or_path):
+    from cdnpg.hub import resolve_model_source
+
+    try:
+        source = resolve_model_source(name_or_path)
+    except FileNotFoundError as err:
+        raise CLIError(f"--model {err}") from err
+    where = "directory"
+    if not Path(source).is_dir():
         logger.info("%s: no such directory, trying it as a Hugging Face Hub repo", name_or_path)
-        source, where = name_or_path, "no such directory; as a Hub repo"
-    else:
-        raise CLIError(f"--model {name_or_path}: no such model directory")
+        where = "no such directory; as a Hub repo"
 
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 

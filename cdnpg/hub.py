@@ -1,23 +1,29 @@
-"""A complete, Hub-ready checkpoint folder: weights, remote code, tokenizer and a model card, written atomically.
+"""Checkpoints as Hub repositories: where a model given by name or path loads from, and a complete checkpoint folder
+(weights, remote code, tokenizer, model card) written in one atomic step.
 
 `model.save_pretrained` already writes the weights, the remote code with its `auto_map` and `custom_pipelines`, and
 the generation config. `save_checkpoint` adds the tokenizer (in a form transformers 4.57 reads too) and README.md,
-the model card rendered from the project's `model_card.md` with Hub metadata and, when given, evaluation results.
+the model card built with huggingface_hub's `ModelCard` from the project's `model_card.md` template.
+
+This module imports neither torch nor transformers at load time: the command line checks `--model` with
+`resolve_model_source` before it pays for them.
 """
 
+from __future__ import annotations
+
 import os
-import shutil
-import string
-import tempfile
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import yaml
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from huggingface_hub import EvalResult, ModelCard, ModelCardData, constants, try_to_load_from_cache
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 
-from cdnpg.data import save_tokenizer
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-MODEL_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_card.md"
 CARD_METRICS = {  # metrics.json key -> (model-index type, display name)
     "ibleu": ("ibleu", "iBLEU (true, α = 0.8)"),
     "ibleu_paper": ("ibleu_paper", "iBLEU as in the paper's Table 2"),
@@ -28,41 +34,89 @@ CARD_METRICS = {  # metrics.json key -> (model-index type, display name)
     "sacrebleu": ("sacrebleu", "sacreBLEU"),
     "self_bleu4": ("self_bleu", "self-BLEU-4 (lower copies less)"),
 }
+CARD_TAGS = ["paraphrase-generation", "c-dnpg", "granularity-aware-attention", "custom_code"]
 
 
-def card_metadata(
+def resolve_model_source(name_or_path: str | os.PathLike[str]) -> str:
+    """What `from_pretrained(name_or_path)` should load: a local model directory, or a Hub repo id "owner/name".
+
+    Fails at once, before any Hub request (whose retries take half a minute offline), when there is nothing to load:
+    the path does not exist here and is not a Hub id to try, because it looks like a local path (it starts with
+    ./ ../ / or ~, or its parent folder exists here: "checkpoints/qoura" next to "checkpoints/"), is not of the form
+    "owner/name", or the Hub is offline (HF_HUB_OFFLINE) and the repo is not in the local cache.
+
+    Raises:
+        FileNotFoundError: "<name_or_path>: no such model directory", or why an existing path is not a model.
+    """
+    name = os.fspath(name_or_path)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{name}: no config.json there, not a saved model directory")
+        return str(path)
+    if path.exists():
+        raise FileNotFoundError(f"{name}: is a file; give a saved model directory or a Hub repo id")
+    looks_local = name.startswith(("./", "../", "/", "~")) or (path.parent.name != "" and path.parent.is_dir())
+    if looks_local or not _is_repo_id(name):
+        raise FileNotFoundError(f"{name}: no such model directory")
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise FileNotFoundError(f"{name}: no such model directory, and not in the local Hub cache (HF_HUB_OFFLINE)")
+    return name
+
+
+def _is_repo_id(name: str) -> bool:
+    """ "owner/name" as the Hub spells repo ids; a bare name is taken for a local folder."""
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return name.count("/") == 1
+
+
+def model_card_template() -> str:
+    """The text of `model_card.md`, the Jinja template of every checkpoint's README.md.
+
+    The one source is `model_card.md` at the top of the repository. setup.py's build step copies it into the `cdnpg`
+    package, where an installed package finds it; a source checkout or an editable install reads the top-level file.
+    """
+    packaged = resources.files(__package__).joinpath("model_card.md")
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
+    checkout = Path(__file__).resolve().parents[1] / "model_card.md"
+    if checkout.is_file():
+        return checkout.read_text(encoding="utf-8")
+    raise FileNotFoundError(f"model card template not found: neither {packaged} (installed) nor {checkout} (checkout)")
+
+
+def card_data(
     model_name: str, metrics: Mapping[str, float] | None = None, dataset: str | None = None
-) -> dict[str, object]:
-    """The Hub's YAML header: license, library, pipeline tag, tags, datasets, metrics and a model-index."""
-    metadata: dict[str, object] = {
-        "license": "apache-2.0",
-        "library_name": "transformers",
-        "pipeline_tag": "text2text-generation",
-        "language": ["en"],
-        "tags": ["paraphrase-generation", "c-dnpg", "granularity-aware-attention", "custom_code"],
-        "metrics": ["bleu", "rouge", "meteor", "sacrebleu"],
-    }
-    if dataset:
-        metadata["datasets"] = [dataset]
+) -> ModelCardData:
+    """The Hub's YAML header: license, library, pipeline tag, tags, datasets, metrics and the evaluation results,
+    which `ModelCardData` turns into a valid model-index."""
     results = [
-        {"type": CARD_METRICS[key][0], "name": CARD_METRICS[key][1], "value": round(float(metrics[key]), 2)}
-        for key in CARD_METRICS
+        EvalResult(
+            task_type="text2text-generation",
+            task_name="Paraphrase generation",
+            dataset_type=dataset or "custom",
+            dataset_name=dataset or "custom",
+            metric_type=metric_type,
+            metric_name=metric_name,
+            metric_value=round(float(metrics[key]), 2),
+        )
+        for key, (metric_type, metric_name) in CARD_METRICS.items()
         if metrics and key in metrics
     ]
-    if results:
-        metadata["model-index"] = [
-            {
-                "name": model_name,
-                "results": [
-                    {
-                        "task": {"type": "text2text-generation", "name": "Paraphrase generation"},
-                        "dataset": {"type": dataset or "custom", "name": dataset or "custom"},
-                        "metrics": results,
-                    }
-                ],
-            }
-        ]
-    return metadata
+    return ModelCardData(
+        model_name=model_name if results else None,  # names the model-index; no header key of its own otherwise
+        license="apache-2.0",
+        library_name="transformers",
+        pipeline_tag="text2text-generation",
+        language=["en"],
+        tags=CARD_TAGS,
+        datasets=[dataset] if dataset else None,
+        metrics=["bleu", "rouge", "meteor", "sacrebleu"],
+        eval_results=results or None,
+    )
 
 
 def render_model_card(
@@ -73,11 +127,9 @@ def render_model_card(
     training_summary: str | None = None,
     max_length: int = 20,
 ) -> str:
-    """The model card: `model_card.md` with its placeholders filled from the config and the evaluation results."""
-    if not MODEL_CARD_TEMPLATE.is_file():
-        raise FileNotFoundError(f"model card template not found at {MODEL_CARD_TEMPLATE}")
+    """The model card (README.md): `model_card.md` filled from the config and the evaluation results."""
     config = model.config
-    rows = [
+    config_rows = [
         ("granularity_mask (eq. 9)", config.granularity_mask),
         ("granularity_mask_mode", config.granularity_mask_mode),
         ("cross_attention_granularity", config.cross_attention_granularity),
@@ -87,24 +139,19 @@ def render_model_card(
         ("vocabulary", config.vocab_size),
         ("parameters", f"{model.num_parameters():,}"),
     ]
-    config_table = "| setting | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
-    if metrics:
-        shown = [(CARD_METRICS[key][1], metrics[key]) for key in CARD_METRICS if key in metrics]
-        results_table = "| metric | value |\n|---|---|\n" + "\n".join(f"| {n} | {v:.2f} |" for n, v in shown)
-    else:
-        results_table = "No evaluation results were recorded with this checkpoint."
     model_name = model_id.rstrip("/").split("/")[-1]
-    metadata = yaml.safe_dump(card_metadata(model_name, metrics, dataset), sort_keys=False, allow_unicode=True)
-    return string.Template(MODEL_CARD_TEMPLATE.read_text(encoding="utf-8")).safe_substitute(
-        metadata=metadata.strip(),
+    card = ModelCard.from_template(
+        card_data(model_name, metrics, dataset),
+        template_str=model_card_template(),
         model_name=model_name,
         model_id=model_id,
-        granularity_mask=config.granularity_mask,
-        config_table=config_table,
-        results_table=results_table,
-        training_summary=training_summary or "Not recorded.",
+        config=config,
+        config_rows=config_rows,
+        results=[(name, metrics[key]) for key, (_, name) in CARD_METRICS.items() if metrics and key in metrics],
+        training_summary=training_summary,
         max_length=max_length,
     )
+    return f"{card}\n"  # Jinja drops the template's final newline
 
 
 def save_checkpoint(
@@ -117,34 +164,19 @@ def save_checkpoint(
     training_summary: str | None = None,
     max_length: int = 20,
 ) -> Path:
-    """Write model, tokenizer and model card to `output_dir`, staged in a temporary sibling folder and moved in at
-    the end, so that a failure leaves an earlier checkpoint in `output_dir` as it was."""
+    """Write model, tokenizer and model card to `output_dir` as one staged step (`staged_directory`): a failure
+    leaves an earlier checkpoint there as it was. The card is rendered first, so that a problem with it writes
+    nothing."""
+    from cdnpg.data import save_tokenizer
+    from modeling_cdnpg.modeling_cdnpg import staged_directory
+
     target = Path(output_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
-    try:
-        model.save_pretrained(staging)
-        save_tokenizer(tokenizer, staging)
-        card = render_model_card(model, model_id or target.name, metrics, dataset, training_summary, max_length)
-        (staging / "README.md").write_text(card, encoding="utf-8")
-        target.mkdir(exist_ok=True)
-        for path in staging.iterdir():
-            os.replace(path, target / path.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    card = render_model_card(model, model_id or target.name, metrics, dataset, training_summary, max_length)
+    with staged_directory(target) as folder:
+        model.save_pretrained(folder)  # `folder` is new or empty: the model's own save writes in place, not staged
+        save_tokenizer(tokenizer, folder)
+        (folder / "README.md").write_text(card, encoding="utf-8")
     return target
 
 
-def push_checkpoint(
-    folder: str | os.PathLike, repo_id: str, private: bool | None = None, token: str | None = None
-) -> str:
-    """Upload a folder written by `save_checkpoint` as one commit; returns the commit URL."""
-    from huggingface_hub import HfApi
-
-    api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message="Upload C-DNPG checkpoint")
-    return str(commit)
-
-
-__all__ = ["card_metadata", "push_checkpoint", "render_model_card", "save_checkpoint"]
+__all__ = ["card_data", "model_card_template", "render_model_card", "resolve_model_source", "save_checkpoint"]

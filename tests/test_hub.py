@@ -6,23 +6,30 @@ transformers 4.57.x environment (CI builds one), with that one too.
 """
 
 import hashlib
+import importlib.util
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 from unittest import mock
 
 import pytest
 import torch
 import yaml
+from huggingface_hub import ModelCard, constants
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from cdnpg.data import template_corpus, train_wordpiece_tokenizer
-from cdnpg.hub import save_checkpoint
+from cdnpg.data import TEMPLATE_FAMILIES, load_tokenizer, template_corpus, train_wordpiece_tokenizer
+from cdnpg.hub import model_card_template, resolve_model_source, save_checkpoint
 from modeling_cdnpg import CDNPGForConditionalGeneration
-from tests.conftest import tiny_model
+from tests.conftest import SHARED, tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SOURCES = ["how can i learn machine learning ?", "what is the best way to travel from paris to rome ?"]
 PYTHONS = [pytest.param(sys.executable, id="this-env")]
@@ -100,9 +107,8 @@ def test_checkpoint_folder_is_a_complete_hub_repository(checkpoint):
     assert not list(checkpoint.parent.glob(".*saving-*")), "the staging folder is removed"
 
 
-def test_remote_code_files_import_only_torch_transformers_and_each_other(checkpoint):
-    allowed = {"torch", "transformers", "safetensors", "os", "shutil", "sys", "tempfile", "dataclasses", "pathlib"}
-    allowed |= {"typing", "copy", "collections", "contextlib"}
+def test_remote_code_files_import_only_torch_transformers_the_standard_library_and_each_other(checkpoint):
+    allowed = {"torch", "transformers", "safetensors", *sys.stdlib_module_names}
     for name in ("configuration_cdnpg.py", "modeling_cdnpg.py", "pipeline_cdnpg.py"):
         for line in (checkpoint / name).read_text().splitlines():
             words = line.split()
@@ -118,8 +124,16 @@ def test_model_card_has_hub_metadata_and_results(checkpoint):
     assert header["license"] == "apache-2.0"
     metrics = header["model-index"][0]["results"][0]["metrics"]
     assert {"type": "bleu", "name": "BLEU-4", "value": 30.25} in metrics
-    assert "$" not in card.split("```")[0], "every placeholder is filled"
+    assert not any(mark in card for mark in ("{{", "{%", "{#")), "every placeholder is filled"
     assert "trust_remote_code=True" in card and "product" in card
+    assert "| BLEU-4 | 30.25 |" in card and "| granularity_mask (eq. 9) | product |" in card
+    results = ModelCard.load(checkpoint / "README.md").data.eval_results  # huggingface_hub reads its model-index back
+    assert {(r.metric_name, r.metric_value) for r in results} == {
+        ("iBLEU (true, α = 0.8)", 12.5),
+        ("BLEU-4", 30.25),
+        ("ROUGE-L", 55.0),
+    }
+    assert card.endswith("```\n")
 
 
 @pytest.mark.parametrize("python", PYTHONS)
@@ -322,7 +336,7 @@ def test_failed_save_leaves_the_existing_checkpoint_intact(model, tokenizer, tmp
     ):
         other.save_pretrained(target)
     with (
-        mock.patch("cdnpg.hub.save_tokenizer", side_effect=OSError("disk full")),
+        mock.patch("cdnpg.data.save_tokenizer", side_effect=OSError("disk full")),
         pytest.raises(OSError, match="disk full"),
     ):
         save_checkpoint(other, tokenizer, target)
@@ -335,3 +349,131 @@ def test_failed_save_leaves_the_existing_checkpoint_intact(model, tokenizer, tmp
 def test_tokenizer_in_checkpoint_round_trips(checkpoint, tokenizer):
     reloaded = AutoTokenizer.from_pretrained(checkpoint)
     assert reloaded(SOURCES)["input_ids"] == tokenizer(SOURCES)["input_ids"]
+
+
+def test_checkpoint_with_the_papers_bert_tokenizer_generates_from_its_tokenizer_output(tmp_path):
+    """`model.generate(**tokenizer(text, return_tensors="pt"))` on a checkpoint trained with bert-base-uncased, in a
+    fresh process: the saved tokenizer returns no token_type_ids, which generate() would refuse."""
+    bert_dir = SHARED / "tokenizers" / "bert-base-uncased"
+    if not bert_dir.is_dir():
+        pytest.skip(f"shared tokenizer not found at {bert_dir}")
+    bert = load_tokenizer(bert_dir)
+    model = tiny_model(
+        vocab_size=len(bert),
+        pad_token_id=bert.pad_token_id,
+        bos_token_id=bert.cls_token_id,
+        eos_token_id=bert.sep_token_id,
+        decoder_start_token_id=bert.cls_token_id,
+    )
+    checkpoint = save_checkpoint(model, bert, tmp_path / "bert-checkpoint")
+    for python in [param.values[0] for param in PYTHONS]:
+        got = run_isolated(
+            python,
+            f"""
+            import json
+            from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+            path = {str(checkpoint)!r}
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+            model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True)
+            inputs = tokenizer({SOURCES[0]!r}, return_tensors="pt")
+            ids = model.generate(**inputs, max_new_tokens=4, num_beams=1)
+            print(json.dumps({{"keys": list(inputs), "length": ids.shape[-1]}}))
+            """,
+            cwd=tmp_path,
+        )
+        assert got["keys"] == ["input_ids", "attention_mask"], python
+        assert 1 < got["length"] <= 5
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Where a model loads from: a missing one fails at once (issue 10.5)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "checkpoints/qoura",
+        "./qoura",
+        "../no-such-dir/qoura",
+        "/no-such-dir/qoura",
+        "~/no-such-dir-cdnpg",
+        "qoura",
+        "a/b/c",
+    ],
+)
+def test_a_missing_local_path_fails_at_once_without_asking_the_hub(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints").mkdir()  # "checkpoints/qoura" is a typo inside an existing folder, not a Hub repo
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(name)}: no such model directory$"):
+        resolve_model_source(name)
+
+
+def test_a_hub_id_is_tried_online_and_offline_only_from_the_local_cache(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError, match=r"someone/cdnpg-tiny: no such model directory.*HF_HUB_OFFLINE"):
+        resolve_model_source("someone/cdnpg-tiny")
+    materialise_snapshot(tmp_path / "hub", "someone/cdnpg-tiny", {"config.json": b"{}"})
+    assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
+
+
+def test_an_existing_path_that_is_not_a_model_directory_is_named(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"weights\.bin: is a file"):
+        resolve_model_source(tmp_path / "weights.bin")
+    with pytest.raises(FileNotFoundError, match=r"no config\.json there"):
+        resolve_model_source(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    assert resolve_model_source(tmp_path) == str(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The installed package carries its data files (issue 10.2)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_an_installed_wheel_finds_the_card_template_and_the_template_corpus_away_from_the_checkout(tmp_path):
+    """A non-editable install has no checkout beside it: model_card.md and the template word lists must be in the
+    wheel, and the installed package must read them from there."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "model_card.md"):
+        shutil.copy(ROOT / name, source / name)
+    for package in ("cdnpg", "configuration_cdnpg", "modeling_cdnpg"):
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    # setuptools of this environment when it has one (no download); else pip's isolated build fetches it
+    isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    subprocess.run([*pip, "wheel", "--no-deps", *isolation, "-w", str(tmp_path / "dist"), str(source)], check=True)
+    (wheel,) = (tmp_path / "dist").glob("cdnpg-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("cdnpg/model_card.md") == (ROOT / "model_card.md").read_bytes()
+        assert "cdnpg/data/template_corpus.json" in archive.namelist()
+
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    probe = """
+        import json
+        import cdnpg.hub
+        from cdnpg.data import TEMPLATE_FAMILIES
+        print(json.dumps({"file": cdnpg.hub.__file__, "card": cdnpg.hub.model_card_template(),
+                          "families": len(TEMPLATE_FAMILIES)}))
+        """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(probe)],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+    )
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert Path(got["file"]).is_relative_to(tmp_path / "site"), "the installed copy, not the checkout"
+    assert got["card"] == model_card_template() == (ROOT / "model_card.md").read_text(encoding="utf-8")
+    assert got["families"] == len(TEMPLATE_FAMILIES)
