@@ -5,15 +5,20 @@
     python benchmarks/speed.py --quick --out /tmp/quick.json          # tiny model, < 1 minute (smoke test)
     python benchmarks/speed.py --device cuda --dtype bf16 --out gpu.json
 
-What is compared, at every sequence length L (source and target both L tokens, random ids):
+What is compared, at every sequence length L (source and target both L tokens, random ids), is listed once, by
+`comparisons`; the bounds are in `TARGETS`:
 
 - training step (forward + backward + AdamW step + zero_grad) of every granularity mask / the plain Transformer
-  ("none"): target <= 1.10 (the paper reports 1.5 h / 1.2 h = 1.25);
-- "none" / transformers' `BartForConditionalGeneration` of the same size: target <= 1.05;
+  ("none"), with a target (the paper reports 1.5 h / 1.2 h = 1.25 for its implementation);
+- "none" / transformers' `BartForConditionalGeneration` of the same size, with a target;
 - beam search (num_beams 8, min_new_tokens = max_new_tokens, so every run decodes the same number of steps) with
-  `use_cache=False` / with the cache, i.e. the cache's speed-up: target >= 3;
-- the SDPA path / the eager path (an identical copy with `config._attn_implementation = "eager"`), training step;
+  `use_cache=False` / with the cache, i.e. the cache's speed-up, with a target;
+- the SDPA path / the eager path (an identical copy built with `attn_implementation="eager"`), training step;
 - peak memory of each (see `peak_memory`).
+
+Every model a comparison names is built, also where `--variants` leaves it out (the SDPA / eager and cache
+comparisons use "product" by default). If a measurement fails, `--out` keeps what was measured before it, with the
+error.
 
 Timing protocol: all models of a comparison live in the same process; each round runs one call of every model, in
 an order rotated by one every round (A B C, B C A, C A B, ...), after `--warmup` untimed calls of each. A ratio is
@@ -45,32 +50,22 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import transformers
 from torch.profiler import ProfilerActivity, profile
-from transformers import BartForConditionalGeneration, GenerationConfig
+from transformers import GenerationConfig
 
-from cdnpg.training import bart_config_like
-from modeling_cdnpg import CDNPGConfig, CDNPGForConditionalGeneration
+from cdnpg.training import bart_like
+from modeling_cdnpg import GRANULARITY_MASKS, CDNPGConfig, CDNPGForConditionalGeneration, GranularityHead
+from modeling_cdnpg.modeling_cdnpg import CDNPGAttention
 
-GA_VARIANTS = ("resonance", "scope", "product", "mean")
-PAD, BOS, EOS = 0, 101, 102  # bert-base-uncased's [PAD], [CLS], [SEP], as in the paper's setup
-FIRST_ID = 103  # random tokens avoid the special ids
-
-# the paper's configuration (Section 4.2; FFN 1024 from the released code)
-PAPER_MODEL = dict(
-    vocab_size=30522,
-    d_model=450,
-    encoder_layers=3,
-    decoder_layers=3,
-    encoder_attention_heads=9,
-    decoder_attention_heads=9,
-    encoder_ffn_dim=1024,
-    decoder_ffn_dim=1024,
-    max_position_embeddings=512,
-)
+GA_VARIANTS = tuple(mask for mask in GRANULARITY_MASKS if mask != "none")
+BART = "bart"
+# The paper's model is CDNPGConfig's defaults (with bert-base-uncased's vocabulary and special ids); --quick shrinks it.
+PAPER_MODEL: dict[str, int] = {}
 QUICK_MODEL = dict(
     vocab_size=512,
     d_model=32,
@@ -83,11 +78,51 @@ QUICK_MODEL = dict(
     max_position_embeddings=64,
 )
 
-TARGETS = {  # ratio name -> (comparison, bound)
-    "train_ga_vs_none": ("<=", 1.10),
-    "train_none_vs_bart": ("<=", 1.05),
-    "gen_cache_speedup": (">=", 3.0),
+TARGETS = {  # target name -> (comparison, bound, what is bounded)
+    "train_ga_vs_none": ("<=", 1.10, "GA / none"),
+    "train_none_vs_bart": ("<=", 1.05, "none / BART"),
+    "gen_cache_speedup": (">=", 3.0, "no cache / cache"),
 }
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One measured ratio: runner `numerator` / runner `denominator`, both timed in the same `part` rounds.
+
+    Runner names say which model runs how: "product" (SDPA) or "product@eager" in training, "product+cache" or
+    "product-cache" (use_cache=False) in beam search; "bart" is transformers' BART of the same size.
+    """
+
+    key: str
+    part: str
+    numerator: str
+    denominator: str
+    target: str | None = None
+
+
+def comparisons(args) -> list[Comparison]:
+    """Every ratio a run with these options measures at each length: the one list of measured keys. The models
+    timed are exactly those these comparisons name, so none can be missing."""
+    plan = []
+    if "train" in args.parts:
+        plan += [Comparison(f"train/{v}_vs_none", "train", v, "none", "train_ga_vs_none") for v in args.variants]
+        plan.append(Comparison("train/none_vs_bart", "train", "none", BART, "train_none_vs_bart"))
+        plan += [Comparison(f"train/{v}_sdpa_vs_eager", "train", v, f"{v}@eager") for v in args.eager_variants]
+    if "generate" in args.parts:
+        for v in args.gen_variants:
+            plan.append(
+                Comparison(f"gen/{v}_nocache_vs_cache", "generate", f"{v}-cache", f"{v}+cache", "gen_cache_speedup")
+            )
+            if v != "none":
+                plan.append(Comparison(f"gen/{v}_vs_none_cached", "generate", f"{v}+cache", "none+cache"))
+        plan.append(Comparison("gen/none_vs_bart_cached", "generate", "none+cache", f"{BART}+cache"))
+    return plan
+
+
+def runner_model(runner: str) -> tuple[str, str]:
+    """The (model, attention implementation) a runner times: "product@eager" -> ("product", "eager")."""
+    model, _, attn = runner.removesuffix("+cache").removesuffix("-cache").partition("@")
+    return model, attn or "sdpa"
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -95,33 +130,13 @@ TARGETS = {  # ratio name -> (comparison, bound)
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def build_cdnpg(model_kw: dict, kind: str, attn: str, seed: int) -> CDNPGForConditionalGeneration:
+def build_model(model_kw: dict, name: str, attn: str, seed: int) -> torch.nn.Module:
+    """C-DNPG with granularity mask `name` and attention implementation `attn`, or, for "bart", transformers' BART of
+    the same size (`cdnpg.training.bart_like`: the same dimensions, dropouts, positions and tied embeddings)."""
     torch.manual_seed(seed)
-    config = CDNPGConfig(
-        granularity_mask=kind,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        decoder_start_token_id=BOS,
-        **model_kw,
-    )
-    model = CDNPGForConditionalGeneration(config)
-    model.config._attn_implementation = attn
-    for module in model.modules():  # the attention modules read the (shared) config at every call
-        if hasattr(module, "mask_kind") and module.config._attn_implementation != attn:
-            raise RuntimeError(f"attention implementation {attn!r} did not reach {type(module).__name__}")
-    return model
-
-
-def build_bart(model_kw: dict, seed: int) -> BartForConditionalGeneration:
-    """BART of the same size: post-LN, learned positions, tied embeddings, ReLU, the same dropouts (C-DNPG's FFN
-    drops its activations with `dropout`, hence activation_dropout = dropout)."""
-    torch.manual_seed(seed)
-    cdnpg = CDNPGConfig(pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, decoder_start_token_id=BOS, **model_kw)
-    config = bart_config_like(cdnpg)
-    model = BartForConditionalGeneration(config)
-    model.config._attn_implementation = "sdpa"
-    return model
+    if name == BART:
+        return bart_like(CDNPGConfig(**model_kw))
+    return CDNPGForConditionalGeneration(CDNPGConfig(granularity_mask=name, attn_implementation=attn, **model_kw))
 
 
 class Bench:
@@ -139,17 +154,18 @@ class Bench:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
-    def tokens(self, batch: int, length: int, vocab: int, offset: int) -> torch.Tensor:
+    def tokens(self, config, batch: int, length: int, offset: int) -> torch.Tensor:
+        """Random ids above the special ones ([PAD], [CLS], [SEP] of bert-base-uncased by default)."""
+        first = max(config.pad_token_id, config.bos_token_id, config.eos_token_id) + 1
         generator = torch.Generator().manual_seed(self.seed + offset)
-        return torch.randint(FIRST_ID, vocab, (batch, length), generator=generator).to(self.device)
+        return torch.randint(first, config.vocab_size, (batch, length), generator=generator).to(self.device)
 
     def train_step(self, model, batch: int, length: int) -> Callable[[], None]:
         """Forward + backward + AdamW step + zero_grad on a fixed random batch (labels as long as the source)."""
         model.to(self.device).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        vocab = model.config.vocab_size
-        input_ids = self.tokens(batch, length, vocab, 0)
-        labels = self.tokens(batch, length, vocab, 1)
+        input_ids = self.tokens(model.config, batch, length, 0)
+        labels = self.tokens(model.config, batch, length, 1)
         attention_mask = torch.ones_like(input_ids)
 
         def step() -> None:
@@ -164,7 +180,7 @@ class Bench:
     def generate(self, model, batch: int, length: int, new_tokens: int, beams: int, use_cache: bool):
         """Beam search over a fixed random batch; min_new_tokens = max_new_tokens fixes the number of steps."""
         model.to(self.device).eval()
-        input_ids = self.tokens(batch, length, model.config.vocab_size, 2)
+        input_ids = self.tokens(model.config, batch, length, 2)
         attention_mask = torch.ones_like(input_ids)
         config = GenerationConfig(
             num_beams=beams,
@@ -173,10 +189,10 @@ class Bench:
             do_sample=False,
             early_stopping=False,
             use_cache=use_cache,
-            pad_token_id=PAD,
-            bos_token_id=BOS,
-            eos_token_id=EOS,
-            decoder_start_token_id=BOS,
+            pad_token_id=model.config.pad_token_id,
+            bos_token_id=model.config.bos_token_id,
+            eos_token_id=model.config.eos_token_id,
+            decoder_start_token_id=model.config.decoder_start_token_id,
         )
 
         def run() -> None:
@@ -299,100 +315,70 @@ def generation_shape(args, length: int) -> tuple[int, int]:
     return max(1, min(args.gen_batch_size, args.gen_max_batch_tokens // max(length, new_tokens))), new_tokens
 
 
-def run_length(args, bench: Bench, model_kw: dict, length: int, results: dict) -> None:
+def measure(args, bench: Bench, model_kw: dict, length: int, part: str, plan: list[Comparison], results: dict) -> None:
+    """Time (and measure the memory of) every runner the `part` comparisons name at this length, interleaved, and
+    store the ratios."""
+    plan = [c for c in plan if c.part == part]
+    if not plan:
+        return
     tag = f"L{length}"
-    batch = train_batch(args, length)
     repeats = args.repeats_long if length >= args.long_from else args.repeats
     memory = not args.no_memory
-    clock = args.clock
-    entry = results["settings"].setdefault(tag, {})
-    ratios, memory_ratios = results["ratios"], results["memory_ratios"]
-
-    def compare(key: str, clocks: dict, peaks: dict, a: str, b: str, target: str | None) -> None:
-        ratio = paired_ratio(clocks, clock, a, b)
-        if target is not None:
-            op, bound = TARGETS[target]
-            ratio["target"] = f"{op} {bound}"
-            ratio["pass"] = bool(ratio["value"] <= bound if op == "<=" else ratio["value"] >= bound)
-        ratios[f"{tag}/{key}"] = ratio
-        if peaks:
-            memory_ratios[f"{tag}/{key}"] = {"value": peaks[a] / max(peaks[b], 1), "numerator": a, "denominator": b}
-
-    # --- training steps: every mask, "none", BART and eager copies, all interleaved ----------------------------
-    if "train" in args.parts:
-        models = {v: build_cdnpg(model_kw, v, "sdpa", args.seed) for v in [*args.variants, "none"]}
-        models["bart"] = build_bart(model_kw, args.seed)
-        for v in args.eager_variants:
-            models[f"{v}@eager"] = build_cdnpg(model_kw, v, "eager", args.seed)
-        runners = {name: bench.train_step(model, batch, length) for name, model in models.items()}
+    names = list(dict.fromkeys(name for c in plan for name in (c.numerator, c.denominator)))
+    models = {}  # one model per (mask, attention): cached and uncached beam search share it
+    for name in names:
+        if runner_model(name) not in models:
+            models[runner_model(name)] = build_model(model_kw, *runner_model(name), args.seed)
+    if part == "train":
+        batch = train_batch(args, length)
+        runners = {name: bench.train_step(models[runner_model(name)], batch, length) for name in names}
         log(f"[{tag}] training: batch {batch}, {len(runners)} models, {args.warmup} warm-up, {repeats} rounds")
         clocks, peaks = bench.interleaved(runners, repeats, args.warmup, memory)
-        entry["train"] = {
+        entry = {
             "batch_size": batch,
             "repeats": repeats,
             "throughput_unit": "target tokens (batch * seq_len) per wall-clock second",
-            **summarize(clocks, clock, peaks, batch * length),
-            "parameters": {n: sum(p.numel() for p in m.parameters()) for n, m in models.items()},
+            **summarize(clocks, args.clock, peaks, batch * length),
+            "parameters": {n: sum(p.numel() for p in models[runner_model(n)].parameters()) for n in names},
         }
-        for v in args.variants:
-            compare(f"train/{v}_vs_none", clocks, peaks, v, "none", "train_ga_vs_none")
-        compare("train/none_vs_bart", clocks, peaks, "none", "bart", "train_none_vs_bart")
-        for v in args.eager_variants:
-            compare(f"train/{v}_sdpa_vs_eager", clocks, peaks, v, f"{v}@eager", None)
-        del models, runners
-        gc.collect()
-
-    # --- beam search: without / with the cache; cached GA vs "none" and "none" vs BART -------------------------
-    if "generate" in args.parts:
-        gen_batch, new_tokens = generation_shape(args, length)
-        runners = {}
-        for v in dict.fromkeys([*args.gen_variants, "none"]):
-            model = build_cdnpg(model_kw, v, "sdpa", args.seed)
-            runners[f"{v}+cache"] = bench.generate(model, gen_batch, length, new_tokens, args.num_beams, True)
-            if v in args.gen_variants:
-                runners[f"{v}-cache"] = bench.generate(model, gen_batch, length, new_tokens, args.num_beams, False)
-        bart = build_bart(model_kw, args.seed)
-        runners["bart+cache"] = bench.generate(bart, gen_batch, length, new_tokens, args.num_beams, True)
+    else:
+        batch, new_tokens = generation_shape(args, length)
+        runners = {
+            name: bench.generate(
+                models[runner_model(name)], batch, length, new_tokens, args.num_beams, not name.endswith("-cache")
+            )
+            for name in names
+        }
         log(
-            f"[{tag}] beam search: batch {gen_batch} x {args.num_beams} beams, {new_tokens} new tokens, "
+            f"[{tag}] beam search: batch {batch} x {args.num_beams} beams, {new_tokens} new tokens, "
             f"{len(runners)} runs, {repeats} rounds"
         )
         # the memory pass doubles as the first warm-up of generation (nothing persists between generate calls)
         clocks, peaks = bench.interleaved(runners, repeats, args.warmup - 1 if memory else args.warmup, memory)
-        entry["generate"] = {
-            "batch_size": gen_batch,
+        entry = {
+            "batch_size": batch,
             "num_beams": args.num_beams,
             "new_tokens": new_tokens,
             "repeats": repeats,
             "throughput_unit": "beam tokens (batch * num_beams * new_tokens) per wall-clock second",
-            **summarize(clocks, clock, peaks, gen_batch * args.num_beams * new_tokens),
+            **summarize(clocks, args.clock, peaks, batch * args.num_beams * new_tokens),
         }
-        for v in args.gen_variants:
-            compare(f"gen/{v}_nocache_vs_cache", clocks, peaks, f"{v}-cache", f"{v}+cache", "gen_cache_speedup")
-            if v != "none":
-                compare(f"gen/{v}_vs_none_cached", clocks, peaks, f"{v}+cache", "none+cache", None)
-        compare("gen/none_vs_bart_cached", clocks, peaks, "none+cache", "bart+cache", None)
-        del runners
-        gc.collect()
-
-
-def expected_ratio_keys(seq_lens, variants, eager_variants, gen_variants, parts=("train", "generate")) -> list[str]:
-    """Every key of `ratios` a run with these options writes (the smoke test checks them)."""
-    keys = []
-    for length in seq_lens:
-        tag = f"L{length}"
-        if "train" in parts:
-            keys += [f"{tag}/train/{v}_vs_none" for v in variants]
-            keys.append(f"{tag}/train/none_vs_bart")
-            keys += [f"{tag}/train/{v}_sdpa_vs_eager" for v in eager_variants]
-        if "generate" not in parts:
-            continue
-        for v in gen_variants:
-            keys.append(f"{tag}/gen/{v}_nocache_vs_cache")
-            if v != "none":
-                keys.append(f"{tag}/gen/{v}_vs_none_cached")
-        keys.append(f"{tag}/gen/none_vs_bart_cached")
-    return keys
+    results["settings"].setdefault(tag, {})[part] = entry
+    for c in plan:
+        ratio = paired_ratio(clocks, args.clock, c.numerator, c.denominator)
+        if c.target is not None:
+            op, bound, _ = TARGETS[c.target]
+            ratio.update(target=f"{op} {bound}", target_name=c.target)
+            ratio["pass"] = bool(ratio["value"] <= bound if op == "<=" else ratio["value"] >= bound)
+        results["ratios"][f"{tag}/{c.key}"] = ratio
+        if peaks:
+            results["memory_ratios"][f"{tag}/{c.key}"] = {
+                "value": peaks[c.numerator] / max(peaks[c.denominator], 1),
+                "numerator": c.numerator,
+                "denominator": c.denominator,
+            }
+    del models, runners
+    gc.collect()
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -402,6 +388,14 @@ def expected_ratio_keys(seq_lens, variants, eager_variants, gen_variants, parts=
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def write_results(results: dict, path: Path | None) -> None:
+    """The JSON of `--out`, replaced atomically: a reader never sees half a file."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".tmp").write_text(json.dumps(results, indent=1, default=str))
+        path.with_suffix(".tmp").replace(path)
 
 
 def machine_info(device: torch.device) -> dict:
@@ -501,13 +495,17 @@ def plot(results: dict, path: Path) -> None:
         axis.set_xticks(range(len(panel_names)))
         axis.set_xticklabels(panel_names, rotation=35, ha="right", fontsize=8)
         axis.axhline(1.0, color="black", lw=0.5)
+        if kind != "memory":  # the targets of the ratios on this panel
+            shown = {
+                source[f"{tag}/{n}"].get("target_name") for tag in tags for n in panel_names if f"{tag}/{n}" in source
+            }
+            for j, name in enumerate(target for target in TARGETS if target in shown):
+                op, bound, what = TARGETS[name]
+                axis.axhline(bound, color=f"C{3 + j}", ls="--", lw=1, label=f"target {what} {op} {bound}")
         if kind == "time":
-            axis.axhline(1.10, color="red", ls="--", lw=1, label="target GA / none <= 1.10")
-            axis.axhline(1.05, color="purple", ls=":", lw=1, label="target none / BART <= 1.05")
             axis.set_ylabel("time ratio (< 1: numerator faster)")
             axis.set_title("training step, cached beam search")
         elif kind == "speedup":
-            axis.axhline(3.0, color="red", ls="--", lw=1, label="target >= 3")
             axis.set_ylabel("use_cache=False time / cached time")
             axis.set_title("cache speed-up")
         else:
@@ -530,44 +528,36 @@ def plot(results: dict, path: Path) -> None:
 # ------------------------------------------------------------------------------------------------------------------
 
 
+# modules whose forward passes get a `record_function` range in the profiles ("cdnpg::...")
+PROFILED_MODULES = {
+    GranularityHead: "cdnpg::GranularityHead (eq. 4)",
+    CDNPGAttention: "cdnpg::CDNPGAttention (mask, cache and attention)",
+}
+
+
 @contextlib.contextmanager
-def labelled_model_functions():
-    """Wrap the model's mask and cache helpers in `record_function` ranges ("cdnpg::..."), without editing the model.
+def labelled_modules(model: torch.nn.Module):
+    """Label the forward pass of every granularity head and attention module with a profiler range, through forward
+    hooks on the modules (the model is not edited). Backward ops keep their autograd names (MulBackward0, ...)."""
+    handles = []
+    for module in model.modules():
+        label = PROFILED_MODULES.get(type(module))
+        if label is None:
+            continue
+        open_ranges = []
 
-    The ranges cover the forward pass only; backward ops keep their autograd names (MulBackward0, LogBackward0, ...).
-    """
-    import modeling_cdnpg.modeling_cdnpg as model_module
+        def enter(module, inputs, label=label, open_ranges=open_ranges):
+            open_ranges.append(torch.profiler.record_function(label).__enter__())
 
-    def labelled(label: str, function):
-        def wrapper(*args, **kwargs):
-            with torch.profiler.record_function(label):
-                return function(*args, **kwargs)
+        def leave(module, inputs, output, open_ranges=open_ranges):
+            open_ranges.pop().__exit__(None, None, None)
 
-        return wrapper
-
-    targets = [
-        (model_module.AttentionLayout, "build", "cdnpg::AttentionLayout.build"),
-        (model_module, "granularity_mask", "cdnpg::granularity_mask (eqs. 6-9)"),
-        (model_module, "attention_bias", "cdnpg::attention_bias (log, where)"),
-        (model_module.GranularityHead, "forward", "cdnpg::GranularityHead (eq. 4)"),
-        (model_module.CDNPGAttention, "_cache", "cdnpg::CDNPGAttention._cache (z head cat + cache update)"),
-        (model_module.CDNPGAttention, "_cached", "cdnpg::CDNPGAttention._cached (z head slice)"),
-        (model_module.CDNPGAttention, "forward", "cdnpg::CDNPGAttention.forward (all attention)"),
-        (model_module, "eager_attention", "cdnpg::eager_attention"),
-    ]
-    saved = []
+        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
     try:
-        for owner, name, label in targets:
-            raw = owner.__dict__[name]
-            saved.append((owner, name, raw))
-            if isinstance(raw, classmethod):
-                setattr(owner, name, classmethod(labelled(label, raw.__func__)))
-            else:
-                setattr(owner, name, labelled(label, raw))
         yield
     finally:
-        for owner, name, raw in reversed(saved):
-            setattr(owner, name, raw)
+        for handle in handles:
+            handle.remove()
 
 
 def profile_runs(args, bench: Bench, model_kw: dict, out_dir: Path) -> None:
@@ -580,7 +570,7 @@ def profile_runs(args, bench: Bench, model_kw: dict, out_dir: Path) -> None:
         gen_batch, new_tokens = generation_shape(args, length)
         for variant in args.profile_variants:
             for what in ("train", "generate"):
-                model = build_cdnpg(model_kw, variant, "sdpa", args.seed)
+                model = build_model(model_kw, variant, "sdpa", args.seed)
                 if what == "train":
                     fn = bench.train_step(model, batch, length)
                     shape = f"batch {batch}"
@@ -590,7 +580,7 @@ def profile_runs(args, bench: Bench, model_kw: dict, out_dir: Path) -> None:
                 for _ in range(max(1, args.warmup)):
                     fn()
                 with (
-                    labelled_model_functions(),
+                    labelled_modules(model),
                     profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof,
                 ):
                     fn()
@@ -669,14 +659,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--eager-variants",
         nargs="*",
         choices=(*GA_VARIANTS, "none"),
-        help="SDPA vs eager (default product on CPU, product none on CUDA)",
+        help="SDPA vs eager (default product on CPU, product none on CUDA; built even if --variants leaves them out)",
     )
     parser.add_argument(
         "--gen-variants",
         nargs="+",
         choices=(*GA_VARIANTS, "none"),
-        help="cached vs use_cache=False beam search (default product on CPU, product none on CUDA);\n"
-        "'none' always runs cached, as the baseline of the others",
+        help="cached vs use_cache=False beam search (default product on CPU, product none on CUDA; built even if\n"
+        "--variants leaves them out); 'none' always runs cached, as the baseline of the others",
     )
     parser.add_argument("--num-beams", type=int, default=8)
     parser.add_argument("--gen-batch-size", type=int, help="sources per generate call (default 4)")
@@ -762,32 +752,37 @@ def main(argv=None) -> dict:
     if args.profile:
         profile_runs(args, bench, model_kw, args.profile)
         return {}
+    plan = comparisons(args)
     results = {
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "model": model_kw,
+        "model": {field: getattr(CDNPGConfig(**model_kw), field) for field in QUICK_MODEL},
         "dtype": args.dtype,
         "machine": machine_info(device),
-        "targets": {k: f"{op} {bound}" for k, (op, bound) in TARGETS.items()},
-        "expected_ratio_keys": expected_ratio_keys(
-            args.seq_lens, args.variants, args.eager_variants, args.gen_variants, args.parts
-        ),
+        "targets": {k: f"{op} {bound}" for k, (op, bound, _) in TARGETS.items()},
+        "expected_ratio_keys": [f"L{length}/{c.key}" for length in args.seq_lens for c in plan],
         "ratios": {},
         "memory_ratios": {},
         "settings": {},
     }
     started = time.perf_counter()
-    for length in args.seq_lens:
-        run_length(args, bench, model_kw, length, results)
+    try:
+        for length in args.seq_lens:
+            for part in ("train", "generate"):
+                measure(args, bench, model_kw, length, part, plan, results)
+                write_results(results, args.out)  # a later failure keeps what was measured
+    except BaseException as error:
+        results["error"] = f"{type(error).__name__}: {error}"
+        write_results(results, args.out)
+        log(f"stopped by {results['error']}" + (f"; what was measured is in {args.out}" if args.out else ""))
+        raise
     results["wall_time_s"] = time.perf_counter() - started
     with contextlib.suppress(OSError):
         results["machine"]["load_average_at_end"] = os.getloadavg()
 
     print(format_table(results))
     print(f"\nwall time {results['wall_time_s']:.0f} s on {results['machine']['device_name']}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1, default=str))
+    write_results(results, args.out)
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plot(results, args.plot)

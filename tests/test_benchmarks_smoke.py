@@ -1,5 +1,6 @@
-"""`benchmarks/speed.py --quick` runs end to end and writes every ratio. No timing is asserted: the ratios of a tiny
-model on a shared machine say nothing; the full benchmark and its reading are in docs/speed.md."""
+"""`benchmarks/speed.py --quick` runs end to end and writes every ratio, also for a subset of --variants; a failure
+keeps what was measured; `--profile` labels the granularity heads and attention modules. No timing is asserted: the
+ratios of a tiny model on a shared machine say nothing; the full benchmark and its reading are in docs/speed.md."""
 
 import json
 import math
@@ -10,15 +11,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_speed_quick_writes_every_ratio(tmp_path):
-    out = tmp_path / "quick.json"
-    completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "speed.py"), "--quick", "--out", str(out)],
+def speed(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "speed.py"), "--quick", *flags],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_speed_quick_writes_every_ratio(tmp_path):
+    out = tmp_path / "quick.json"
+    completed = speed(tmp_path, "--out", str(out))
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "PASS" in completed.stdout or "MISS" in completed.stdout  # the table was printed
 
@@ -46,3 +51,39 @@ def test_speed_quick_writes_every_ratio(tmp_path):
     for entry in results["settings"].values():
         for part in ("train", "generate"):
             assert all(t > 0 for times in entry[part]["times_s"]["wall"].values() for t in times)
+
+
+def test_a_subset_of_variants_builds_what_each_comparison_needs(tmp_path):
+    out = tmp_path / "r.json"
+    completed = speed(tmp_path, "--variants", "resonance", "scope", "--no-memory", "--out", str(out))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert set(results["ratios"]) == set(results["expected_ratio_keys"])
+    names = {key.split("/", 1)[1] for key in results["ratios"]}
+    assert {"train/resonance_vs_none", "train/scope_vs_none", "train/product_sdpa_vs_eager"} <= names
+    assert {"gen/product_nocache_vs_cache", "gen/none_vs_bart_cached"} <= names
+    assert "train/product_vs_none" not in names and "train/mean_vs_none" not in names
+    assert "error" not in results
+
+
+def test_a_failed_measurement_keeps_what_was_measured_before_it(tmp_path):
+    out = tmp_path / "r.json"  # the quick model has 64 positions: 80 tokens fail, after the 8-token rounds
+    completed = speed(tmp_path, "--seq-lens", "8", "80", "--parts", "train", "--no-memory", "--out", str(out))
+    assert completed.returncode != 0
+    results = json.loads(out.read_text())
+    assert "max_position_embeddings" in results["error"] and "L8/train/none_vs_bart" in results["ratios"]
+    assert not any(key.startswith("L80/") for key in results["ratios"])
+    assert str(out) in completed.stderr
+
+
+def test_profile_labels_granularity_heads_and_attention_through_hooks(tmp_path):
+    completed = speed(tmp_path, "--seq-lens", "8", "--profile", str(tmp_path / "prof"))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    summary = {row["name"]: row["ranges_s"] for row in json.loads((tmp_path / "prof" / "summary.json").read_text())}
+    assert set(summary) == {
+        f"L8_{what}_{variant}" for what in ("train", "generate") for variant in ("product", "none")
+    }
+    for what in ("train", "generate"):
+        product, none = summary[f"L8_{what}_product"], summary[f"L8_{what}_none"]
+        assert {key.split(" ")[0] for key in product} == {"cdnpg::GranularityHead", "cdnpg::CDNPGAttention"}
+        assert {key.split(" ")[0] for key in none} == {"cdnpg::CDNPGAttention"}  # "none" has no granularity head
