@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README.md, .ci/run): installs everything on a fresh machine, checks style, runs the suite, and
-# runs the remote-code tests a second time in a transformers 4.57.x environment (.venv-compat).
+# runs the remote-code tests a second time in a transformers 4.57.x environment (.venv-compat) and the training entry
+# point from a wheel install (.venv-wheel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
@@ -11,6 +12,15 @@ PYTHON="${PYTHON:-python3}"
 .venv-compat/bin/python -m pip install --quiet --upgrade pip
 .venv-compat/bin/python -m pip install --quiet torch==2.13.0 "transformers==4.57.*" safetensors
 
+# a non-editable install with the train extras (and WordNet): tests/test_training.py builds a wheel of the checkout,
+# installs it there and runs training/run.py from another directory, as a user of `pip install .[train]` would
+[ -x .venv-wheel/bin/python ] || "$PYTHON" -m venv .venv-wheel
+.venv-wheel/bin/python -m pip install --quiet --upgrade pip
+.venv-wheel/bin/python -m pip install --quiet torch==2.13.0 "setuptools>=64" wheel
+.venv-wheel/bin/python -m pip install --quiet ".[train]"
+.venv-wheel/bin/python training/install_wordnet.py
+
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-CDNPG_COMPAT_PYTHON="$PWD/.venv-compat/bin/python" .venv/bin/python -m pytest -q "$@"
+CDNPG_COMPAT_PYTHON="$PWD/.venv-compat/bin/python" CDNPG_WHEEL_PYTHON="$PWD/.venv-wheel/bin/python" \
+  .venv/bin/python -m pytest -q "$@"

@@ -131,6 +131,17 @@ def test_a_failure_after_training_keeps_the_saved_model(tmp_path, monkeypatch, b
     assert model.config.d_model == 32
 
 
+def test_a_missing_model_path_is_named_without_a_traceback(tmp_path):
+    missing = tmp_path / "checkpoints" / "qoura"
+    result = run(
+        ["--model_name_or_path", str(missing), "--output_dir", str(tmp_path / "out"), "--do_train"],
+        script=ROOT / "training" / "run.py",
+        check=False,
+    )
+    assert result.returncode != 0
+    assert f"{missing}: no such model directory" in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not WHEEL_PYTHON, reason="CDNPG_WHEEL_PYTHON (a virtualenv with the train extras) is not set")
 def test_run_py_with_the_package_installed_from_a_wheel_saves_everything(tmp_path):

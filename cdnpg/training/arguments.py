@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
+from cdnpg.hub import resolve_model_source
 from configuration_cdnpg import GRANULARITY_MASK_MODES, GRANULARITY_MASKS, CDNPGConfig
 
 PAPER = CDNPGConfig()  # the defaults shown in --help
@@ -110,6 +111,11 @@ class ModelArguments:
                 f"{', '.join(given)} set the architecture of a new model, but --model_name_or_path "
                 f"{self.model_name_or_path} keeps its own: give one or the other"
             )
+        if self.model_name_or_path:  # at once, not after the data is loaded or the Hub retried for half a minute
+            try:
+                self.model_name_or_path = resolve_model_source(self.model_name_or_path)
+            except FileNotFoundError as error:
+                raise UsageError(str(error)) from error
         CDNPGConfig(**self.config_overrides())  # fail now, naming the field, rather than after loading the data
 
     def config_overrides(self) -> dict[str, object]:
