@@ -131,6 +131,17 @@ def test_a_failure_after_training_keeps_the_saved_model(tmp_path, monkeypatch, b
     assert model.config.d_model == 32
 
 
+def test_the_pushed_model_card_keeps_the_test_scores(tmp_path):
+    from tests.test_hub import capture_push  # huggingface_hub's network calls replaced
+
+    argv = ["--output_dir", str(tmp_path / "out"), *TINY, "--max_steps", "2", "--save_strategy", "no"]
+    argv += ["--do_train", "--do_predict", "--push_to_hub", "True", "--hub_model_id", "someone/cdnpg-scored"]
+    files = capture_push(lambda: main(argv))
+    header = yaml.safe_load(files["README.md"].decode().split("---")[1])
+    (result,) = header["model-index"][0]["results"]
+    assert {metric["name"] for metric in result["metrics"]} >= {"BLEU-4", "METEOR"}
+
+
 def test_a_missing_model_path_is_named_without_a_traceback(tmp_path):
     missing = tmp_path / "checkpoints" / "qoura"
     result = run(
