@@ -56,6 +56,16 @@ class CDNPGConfig(PretrainedConfig):
         max_position_embeddings (`int`, defaults to 512):
             Number of learned positions. The paper truncates sentences to 20 tokens; the table is larger so that
             longer inputs are not refused.
+        position_offset (`int`, defaults to 0):
+            Row of the position table that position 0 reads: BART's tables reserve their first 2 rows. The table has
+            `max_position_embeddings + position_offset` rows.
+        scale_embedding (`bool`, defaults to `False`):
+            Multiply token embeddings by sqrt(d_model) before adding positions (BART's `scale_embedding`).
+        layernorm_embedding (`bool`, defaults to `False`):
+            A LayerNorm over token + position embeddings at the bottom of each stack, as BART and BERT have; the
+            paper's model (eq. 3) has none.
+        layer_norm_eps (`float`, defaults to 1e-5):
+            Epsilon of every LayerNorm (BERT checkpoints use 1e-12).
         granularity_mask (`str`, defaults to `"resonance"`):
             Which granularity mask adjusts encoder and decoder self-attention (eq. 9 and the ablation of Table 4):
             `"resonance"` (C, eq. 6; the paper's C-DNPG (R)), `"scope"` (S, eq. 8), `"product"` (C ⊙ S),
@@ -75,7 +85,8 @@ class CDNPGConfig(PretrainedConfig):
         use_cache (`bool`, defaults to `True`):
             Whether the decoder returns its key/value (and granularity) cache for incremental decoding.
         tie_word_embeddings (`bool`, defaults to `True`):
-            Share one embedding between encoder, decoder and LM head (Section 4.2).
+            Share one embedding matrix between the encoder's input, the decoder's input and the LM head (Section
+            4.2). `False` gives each its own, as in transformers' BART.
         custom_pipelines (`dict`, defaults to the text2text-generation pipeline of `pipeline_cdnpg.py`):
             Read by `transformers.pipeline`; saved with every checkpoint.
     """
@@ -102,6 +113,10 @@ class CDNPGConfig(PretrainedConfig):
         dropout: float = 0.1,
         attention_dropout: float = 0.1,
         max_position_embeddings: int = 512,
+        position_offset: int = 0,
+        scale_embedding: bool = False,
+        layernorm_embedding: bool = False,
+        layer_norm_eps: float = 1e-5,
         granularity_mask: str = "resonance",
         granularity_mask_mode: str = "log_bias",
         scope_epsilon: float = 2.0,
@@ -128,6 +143,10 @@ class CDNPGConfig(PretrainedConfig):
         self.dropout = dropout
         self.attention_dropout = attention_dropout
         self.max_position_embeddings = max_position_embeddings
+        self.position_offset = position_offset
+        self.scale_embedding = scale_embedding
+        self.layernorm_embedding = layernorm_embedding
+        self.layer_norm_eps = layer_norm_eps
         self.granularity_mask = granularity_mask
         self.granularity_mask_mode = granularity_mask_mode
         self.scope_epsilon = scope_epsilon
@@ -179,6 +198,10 @@ class CDNPGConfig(PretrainedConfig):
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
         if not isinstance(self.max_position_embeddings, int) or self.max_position_embeddings < 2:
             raise ValueError(f"max_position_embeddings must be an integer >= 2, got {self.max_position_embeddings!r}")
+        if not isinstance(self.position_offset, int) or self.position_offset < 0:
+            raise ValueError(f"position_offset must be an integer >= 0, got {self.position_offset!r}")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
 
 
 __all__ = ["GRANULARITY_MASKS", "GRANULARITY_MASK_MODES", "CDNPGConfig"]

@@ -16,20 +16,22 @@ Deliberate differences from the released code, each covered by a test:
   composition never change an output), i + 1 in the decoder (so cached decoding equals a full forward).
 - (N - eps) is clamped at 0 before the power: eq. 8 is undefined for N < eps, where every key lies inside the window.
 - Masks are computed in fp32 and enter attention as the finite bias log(max(M, 1e-32)) ("log_bias" mode, the released
-  code's renormalised product), which lets the fused `scaled_dot_product_attention` kernel run. The literal eq. 9
-  ("multiply" mode) is available on the eager path.
-- Decoding is incremental: the key/value cache (`EncoderDecoderCache`) also carries each cached key's z, stored as one
-  extra head of the value cache whose channels all hold z (values: (b, h + 1, j, d_head)).
+  code's renormalised product), so that any attention backend that takes an additive mask runs GA-attention (eager,
+  SDPA, flex attention, through transformers' attention interface). The literal eq. 9 ("multiply" mode) runs eager.
+- Decoding is incremental with transformers' caches (dynamic or static): keys and values keep the standard layout,
+  z of the cached decoder tokens is kept beside them in a `GranularityCache`, and z of the encoder states (the
+  cross-attention keys) is recomputed at each step from the encoder output.
 
 Shape legend: b batch, h heads, i query positions, j key positions, d model width.
 Supported: transformers 4.57.x and 5.x. This file is copied into every saved checkpoint (remote code), so it imports
 only torch, transformers and its sibling configuration file.
 """
 
+import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +43,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache, StaticLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -49,6 +51,8 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import can_return_tuple
 
 from .configuration_cdnpg import CDNPGConfig
 
@@ -117,29 +121,35 @@ def granularity_mask(
     return resonance * scope if kind == "product" else (resonance + scope) / 2
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# Attention: which keys each query sees, the additive mask, and the attention functions
+# ------------------------------------------------------------------------------------------------------------------
+
+
 @dataclass
 class AttentionLayout:
     """Which keys each query may see, computed once per stack and shared by its layers.
 
-    allowed: (b, 1, i, j) bool; length: (b, i) float, N of eq. 8; distance: (i, j) float, |i - j| of eq. 8.
+    allowed: (b, 1, i, j) bool. query_positions: (i,) the queries' positions in the sequence, where new keys and z
+    are written in a cache. length: (b, i) float, N of eq. 8; distance: (i, j) float, |i - j| of eq. 8 (None for
+    cross-attention, which never uses the scope mask).
     """
 
     allowed: torch.Tensor
-    length: torch.Tensor
-    distance: torch.Tensor
+    query_positions: torch.Tensor
+    length: torch.Tensor | None = None
+    distance: torch.Tensor | None = None
 
     @classmethod
-    def build(cls, key_padding: torch.Tensor, num_queries: int, past_length: int = 0, causal: bool = False):
-        """key_padding (b, j) bool, True for real tokens; queries sit at positions past_length .. past_length + i - 1."""
-        device = key_padding.device
-        query_pos = torch.arange(past_length, past_length + num_queries, device=device)
-        key_pos = torch.arange(key_padding.shape[-1], device=device)
-        allowed = key_padding[:, None, None, :].expand(-1, 1, num_queries, -1)  # (b, 1, i, j)
+    def build(cls, key_padding: torch.Tensor, query_positions: torch.Tensor, causal: bool) -> "AttentionLayout":
+        """key_padding (b, j) bool, True for real tokens; causal: query i sees keys at positions <= its own."""
+        key_positions = torch.arange(key_padding.shape[-1], device=key_padding.device)
+        allowed = key_padding[:, None, None, :].expand(-1, 1, query_positions.shape[0], -1)  # (b, 1, i, j)
         if causal:
-            allowed = allowed & (key_pos[None, :] <= query_pos[:, None])
+            allowed = allowed & (key_positions[None, :] <= query_positions[:, None])
         length = allowed[:, 0].sum(-1).float()  # (b, i)
-        distance = (query_pos[:, None] - key_pos[None, :]).abs().float()  # (i, j)
-        return cls(allowed=allowed, length=length, distance=distance)
+        distance = (query_positions[:, None] - key_positions[None, :]).abs().float()  # (i, j)
+        return cls(allowed=allowed, query_positions=query_positions, length=length, distance=distance)
 
 
 def attention_bias(allowed: torch.Tensor, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -153,25 +163,113 @@ def attention_bias(allowed: torch.Tensor, mask: torch.Tensor | None, dtype: torc
     return torch.where(allowed, visible, torch.finfo(dtype).min).to(dtype)
 
 
-def eager_attention(
+def eager_attention_forward(
+    module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    bias: torch.Tensor,
+    attention_mask: torch.Tensor,
     scaling: float,
-    dropout: float,
+    dropout: float = 0.0,
     multiplier: torch.Tensor | None = None,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference attention, and the only path for the literal eq. 9 (`multiplier` scales the softmax output).
+    """Reference attention with transformers' attention-function signature, and the only path for the literal eq. 9:
+    `multiplier` (b, i, j) scales the softmax output without renormalising it.
 
-    query (b, h, i, d), key/value (b, h, j, d), bias (b, 1, i, j) -> output (b, h, i, d), weights (b, h, i, j).
+    query (b, h, i, d), key/value (b, h, j, d), attention_mask (b, 1, i, j) -> output (b, i, h, d), weights (b, h, i, j).
     """
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + bias
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + attention_mask
     weights = F.softmax(scores, dim=-1, dtype=torch.float32)
-    if multiplier is not None:  # GA, eq. 9: Ã = A ⊙ M, no renormalisation
+    if multiplier is not None:  # GA, eq. 9: Ã = A ⊙ M
         weights = weights * multiplier[:, None]
-    weights = F.dropout(weights.to(query.dtype), p=dropout)
-    return torch.matmul(weights, value), weights
+    weights = F.dropout(weights.to(query.dtype), p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def attention_function(config: CDNPGConfig) -> Callable:
+    """The backend `config._attn_implementation` names, from transformers' registry (so that
+    `model.set_attn_implementation` switches it at run time). Backends that take no additive mask are refused:
+    running them would silently drop the granularity term."""
+    implementation = config._attn_implementation or "eager"  # None: a module built outside a PreTrainedModel
+    if "flash" in implementation or implementation.startswith("paged"):
+        raise ValueError(
+            f"attn_implementation={implementation!r} cannot run C-DNPG: GA-attention adds the granularity mask "
+            "log M (eq. 9) to the attention logits, and this backend takes no additive mask. Use 'sdpa' (default), "
+            "'eager' or 'flex_attention'."
+        )
+    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # transformers 5.x
+        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    return eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The cache: transformers' key/value layout, plus z of every cached decoder token
+# ------------------------------------------------------------------------------------------------------------------
+
+
+class GranularityCache(EncoderDecoderCache):
+    """An `EncoderDecoderCache` that also keeps z (eq. 4) of every cached decoder token, per self-attention layer:
+    the resonance and scope masks of a new query need z of all the keys it sees.
+
+    Keys and values stay in transformers' layout, (b, h, t, d_head). z lives in `granularity_cache`, a third cache of
+    the same kind as the self-attention cache (a dynamic one that grows, or a static one preallocated to the same
+    length), whose keys and values are z as (b, 1, t, 1). Everything generation does to the cache (reorder beams,
+    crop, reset, select or repeat batch rows) is done to z too. The model wraps whatever `EncoderDecoderCache` it is
+    given (e.g. the static cache of `generate(cache_implementation="static")`) at the first decoding step.
+    """
+
+    def __init__(self, self_attention_cache: Cache, cross_attention_cache: Cache, granularity_cache: Cache):
+        super().__init__(self_attention_cache, cross_attention_cache)
+        self.granularity_cache = granularity_cache
+
+    @classmethod
+    def wrap(cls, cache: EncoderDecoderCache) -> "GranularityCache":
+        """The same sub-caches plus an empty z cache of their kind; a cache that already holds decoder tokens
+        (without their z) cannot be continued."""
+        if cache.get_seq_length() > 0:
+            raise ValueError(
+                "past_key_values holds decoder tokens but not their granularity z (eq. 4), which C-DNPG's masks "
+                "need: continue from the cache a C-DNPG forward pass or generate() returned (a GranularityCache)."
+            )
+        layers = [
+            StaticLayer(max_cache_len=layer.max_cache_len) if isinstance(layer, StaticLayer) else DynamicLayer()
+            for layer in cache.self_attention_cache.layers
+        ]
+        granularity_cache = Cache(layers=layers) if layers else DynamicCache()
+        return cls(cache.self_attention_cache, cache.cross_attention_cache, granularity_cache)
+
+    def update_granularity(self, z: torch.Tensor, layer_idx: int, cache_kwargs: dict) -> torch.Tensor:
+        """Store z (b, i) of new decoder tokens of self-attention layer `layer_idx`; return z of all its keys (b, j)."""
+        z = z[:, None, :, None]  # as the key and value of a cache with one head of width 1
+        z_all, _ = self.granularity_cache.update(z, z, layer_idx, cache_kwargs)
+        return z_all[:, 0, :, 0]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self.granularity_cache.reorder_cache(beam_idx)
+
+    def reset(self) -> None:
+        super().reset()
+        self.granularity_cache.reset()
+
+    def crop(self, max_length: int) -> None:
+        super().crop(max_length)
+        self.granularity_cache.crop(max_length)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self.granularity_cache.batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self.granularity_cache.batch_select_indices(indices)
+
+
+def cache_capacity(cache: EncoderDecoderCache) -> int | None:
+    """The key length of a preallocated (static) self-attention cache, None for one that grows with each step."""
+    layers = cache.self_attention_cache.layers
+    return getattr(layers[0], "max_cache_len", None) if layers else None
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -195,6 +293,7 @@ class CDNPGAttention(nn.Module):
 
     def __init__(self, config: CDNPGConfig, num_heads: int, layer_idx: int, mask_kind: str, is_cross_attention=False):
         super().__init__()
+        self.config = config
         self.embed_dim = config.d_model
         self.num_heads = num_heads
         self.head_dim = config.d_model // num_heads
@@ -203,9 +302,6 @@ class CDNPGAttention(nn.Module):
         self.layer_idx = layer_idx
         self.is_cross_attention = is_cross_attention
         self.mask_kind = mask_kind
-        self.multiply = config.granularity_mask_mode == "multiply"
-        self.epsilon = config.scope_epsilon
-        self.config = config
 
         self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
@@ -216,23 +312,19 @@ class CDNPGAttention(nn.Module):
     def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
         return states.view(*states.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, t, d_head)
 
-    def _project_keys(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states))
-
-    def _cache(self, cache: Cache, key, value, z):
-        """Store keys, values and z (as an extra value head); return the full key, value and z seen so far."""
-        if z is not None:
-            value = torch.cat([value, z.to(value.dtype)[:, None, :, None].expand(-1, 1, -1, self.head_dim)], dim=1)
-        key, value = cache.update(key, value, self.layer_idx)
-        if z is not None:
-            value, z = value[:, : self.num_heads], value[:, self.num_heads, :, 0].float()
-        return key, value, z
-
-    def _cached(self, cache: Cache):
-        key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
-        if self.granularity_head is None:
-            return key, value, None
-        return key, value[:, : self.num_heads], value[:, self.num_heads, :, 0].float()
+    def _encoder_keys_and_values(
+        self, encoder_states: torch.Tensor, past_key_values: EncoderDecoderCache | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention keys and values: projected once, at the first decoding step, then read from the cache."""
+        cache = past_key_values.cross_attention_cache if past_key_values is not None else None
+        if cache is not None and past_key_values.is_updated.get(self.layer_idx):
+            return cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        key_states = self._split_heads(self.k_proj(encoder_states))
+        value_states = self._split_heads(self.v_proj(encoder_states))
+        if cache is not None:
+            key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
+            past_key_values.is_updated[self.layer_idx] = True
+        return key_states, value_states
 
     def forward(
         self,
@@ -243,53 +335,47 @@ class CDNPGAttention(nn.Module):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """hidden_states (b, i, d) -> output (b, i, d), attention weights (b, h, i, j) or None, z of the queries (b, i)."""
-        query = self._split_heads(self.q_proj(hidden_states))
+        query_states = self._split_heads(self.q_proj(hidden_states))
         z_query = self.granularity_head(hidden_states) if self.granularity_head is not None else None
 
         if self.is_cross_attention:
-            cache = past_key_values.cross_attention_cache if past_key_values is not None else None
-            if cache is not None and past_key_values.is_updated.get(self.layer_idx):
-                key, value, z_key = self._cached(cache)  # encoder side computed once, at the first decoding step
-            else:
-                key, value = self._project_keys(key_value_states)
-                z_key = self.granularity_head(key_value_states) if self.granularity_head is not None else None
-                if cache is not None:
-                    key, value, z_key = self._cache(cache, key, value, z_key)
-                    past_key_values.is_updated[self.layer_idx] = True
+            key_states, value_states = self._encoder_keys_and_values(key_value_states, past_key_values)
+            # z of the encoder states is recomputed, not cached: one (b, j, d) x (d,) product per step
+            z_key = self.granularity_head(key_value_states) if self.granularity_head is not None else None
         else:
-            key, value = self._project_keys(hidden_states)
+            key_states = self._split_heads(self.k_proj(hidden_states))
+            value_states = self._split_heads(self.v_proj(hidden_states))
             z_key = z_query  # the same tokens: one z per token, eq. 4
             if past_key_values is not None:
-                key, value, z_key = self._cache(past_key_values.self_attention_cache, key, value, z_key)
+                cache_kwargs = {"cache_position": layout.query_positions}
+                key_states, value_states = past_key_values.self_attention_cache.update(
+                    key_states, value_states, self.layer_idx, cache_kwargs
+                )
+                if z_key is not None:
+                    z_key = past_key_values.update_granularity(z_key, self.layer_idx, cache_kwargs)
 
         mask = None
         if z_query is not None:  # GA, eqs. 6-9
-            mask = granularity_mask(self.mask_kind, z_query, z_key, layout.length, layout.distance, self.epsilon)
-        multiplier = mask if self.multiply else None
-        bias = attention_bias(layout.allowed, None if self.multiply else mask, query.dtype)
-        dropout = self.dropout if self.training else 0.0
-
-        if output_attentions or multiplier is not None or self.config._attn_implementation == "eager":
-            attn_output, attn_weights = eager_attention(query, key, value, bias, self.scaling, dropout, multiplier)
-        else:
-            attn_output = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=bias, dropout_p=dropout, scale=self.scaling
+            mask = granularity_mask(
+                self.mask_kind, z_query, z_key, layout.length, layout.distance, self.config.scope_epsilon
             )
-            attn_weights = None
-        attn_output = attn_output.transpose(1, 2).reshape(*hidden_states.shape[:2], self.embed_dim)
+        multiply = mask is not None and self.config.granularity_mask_mode == "multiply"
+        attention_mask = attention_bias(layout.allowed, None if multiply else mask, query_states.dtype)
+        dropout = self.dropout if self.training else 0.0
+        # the literal eq. 9, or the weights themselves, need the reference path
+        attend = eager_attention_forward if multiply or output_attentions else attention_function(self.config)
+        attn_output, attn_weights = attend(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=dropout,
+            **({"multiplier": mask} if multiply else {}),
+        )
+        attn_output = attn_output.reshape(*hidden_states.shape[:2], self.embed_dim)
         return self.out_proj(attn_output), attn_weights if output_attentions else None, z_query
-
-
-class CDNPGFeedForward(nn.Module):
-    def __init__(self, config: CDNPGConfig, ffn_dim: int):
-        super().__init__()
-        self.fc1 = nn.Linear(config.d_model, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, config.d_model)
-        self.activation_fn = ACT2FN[config.activation_function]
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.dropout(self.activation_fn(self.fc1(hidden_states))))
 
 
 class CDNPGEncoderLayer(GradientCheckpointingLayer):
@@ -297,16 +383,20 @@ class CDNPGEncoderLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: CDNPGConfig, layer_idx: int):
         super().__init__()
+        eps = config.layer_norm_eps
         self.self_attn = CDNPGAttention(config, config.encoder_attention_heads, layer_idx, config.granularity_mask)
-        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
-        self.ffn = CDNPGFeedForward(config, config.encoder_ffn_dim)
-        self.final_layer_norm = nn.LayerNorm(config.d_model)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
+        self.fc1 = nn.Linear(config.d_model, config.encoder_ffn_dim)
+        self.fc2 = nn.Linear(config.encoder_ffn_dim, config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, hidden_states: torch.Tensor, layout: AttentionLayout, output_attentions: bool = False):
         attn_output, attn_weights, z = self.self_attn(hidden_states, layout, output_attentions=output_attentions)
         hidden_states = self.self_attn_layer_norm(hidden_states + self.dropout(attn_output))
-        hidden_states = self.final_layer_norm(hidden_states + self.dropout(self.ffn(hidden_states)))
+        ffn_output = self.fc2(self.dropout(self.activation_fn(self.fc1(hidden_states))))
+        hidden_states = self.final_layer_norm(hidden_states + self.dropout(ffn_output))
         return hidden_states, attn_weights, z
 
 
@@ -315,16 +405,18 @@ class CDNPGDecoderLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: CDNPGConfig, layer_idx: int):
         super().__init__()
-        heads = config.decoder_attention_heads
+        eps, heads = config.layer_norm_eps, config.decoder_attention_heads
         cross_kind = (
             "resonance" if config.cross_attention_granularity and config.granularity_mask != "none" else "none"
         )
         self.self_attn = CDNPGAttention(config, heads, layer_idx, config.granularity_mask)
-        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
         self.encoder_attn = CDNPGAttention(config, heads, layer_idx, cross_kind, is_cross_attention=True)
-        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model)
-        self.ffn = CDNPGFeedForward(config, config.decoder_ffn_dim)
-        self.final_layer_norm = nn.LayerNorm(config.d_model)
+        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
+        self.fc1 = nn.Linear(config.d_model, config.decoder_ffn_dim)
+        self.fc2 = nn.Linear(config.decoder_ffn_dim, config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
@@ -333,7 +425,7 @@ class CDNPGDecoderLayer(GradientCheckpointingLayer):
         encoder_hidden_states: torch.Tensor,
         self_layout: AttentionLayout,
         cross_layout: AttentionLayout,
-        past_key_values: EncoderDecoderCache | None = None,
+        past_key_values: GranularityCache | EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ):
         attn_output, self_weights, self_z = self.self_attn(
@@ -348,7 +440,8 @@ class CDNPGDecoderLayer(GradientCheckpointingLayer):
             output_attentions=output_attentions,
         )
         hidden_states = self.encoder_attn_layer_norm(hidden_states + self.dropout(attn_output))
-        hidden_states = self.final_layer_norm(hidden_states + self.dropout(self.ffn(hidden_states)))
+        ffn_output = self.fc2(self.dropout(self.activation_fn(self.fc1(hidden_states))))
+        hidden_states = self.final_layer_norm(hidden_states + self.dropout(ffn_output))
         return hidden_states, self_weights, cross_weights, self_z, cross_z
 
 
@@ -388,13 +481,6 @@ class CDNPGSeq2SeqLMOutput(Seq2SeqLMOutput):
     encoder_granularities: tuple[torch.FloatTensor, ...] | None = None
     decoder_granularities: tuple[torch.FloatTensor, ...] | None = None
     cross_granularities: tuple[torch.FloatTensor, ...] | None = None
-
-
-def _collect(items: list | None) -> tuple | None:
-    """Per-layer outputs as a tuple, None when not requested or when the layers have no granularity head."""
-    if not items or items[0] is None:
-        return None
-    return tuple(items)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -438,10 +524,10 @@ class CDNPGPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["CDNPGEncoderLayer", "CDNPGDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
-    _supports_flash_attn = False  # the granularity term needs an additive float mask
-    _supports_flash_attn_2 = False
-    _supports_flex_attn = False
-    _supports_cache_class = True
+    _supports_flex_attn = True
+    _supports_flash_attn = False  # the granularity term is an additive mask, which flash attention does not take
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs) -> None:
         """`PreTrainedModel.save_pretrained` (weights, config, generation config, and the remote code with its
@@ -468,73 +554,113 @@ class CDNPGPreTrainedModel(PreTrainedModel):
     # Embedding, zero biases and padding row, unit LayerNorms.
 
 
-class CDNPGEncoder(CDNPGPreTrainedModel):
-    """Eq. 3 stacked `encoder_layers` times over token + learned position embeddings."""
+class CDNPGStack(CDNPGPreTrainedModel):
+    """What the encoder and the decoder share: token and learned position embeddings, then an optional LayerNorm.
 
-    def __init__(self, config: CDNPGConfig, embed_tokens: nn.Embedding):
+    The paper's model adds token and position embeddings (eq. 3); BART and BERT checkpoints also scale the tokens
+    and/or normalise the sum (`scale_embedding`, `layernorm_embedding`, `position_offset`).
+    """
+
+    def __init__(self, config: CDNPGConfig):
         super().__init__(config)
-        self.embed_tokens = embed_tokens
-        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.d_model)
-        self.layers = nn.ModuleList([CDNPGEncoderLayer(config, i) for i in range(config.encoder_layers)])
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_positions = nn.Embedding(config.max_position_embeddings + config.position_offset, config.d_model)
+        self.layernorm_embedding = (
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.layernorm_embedding else None
+        )
         self.dropout = nn.Dropout(config.dropout)
         self.gradient_checkpointing = False
+
+    def embed(
+        self, input_ids: torch.LongTensor | None, inputs_embeds: torch.Tensor | None, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Token (scaled when `scale_embedding`; `inputs_embeds` are taken as given) plus position embeddings."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(f"Pass exactly one of input_ids or inputs_embeds to the {type(self).__name__}.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale
+        if not torch.compiler.is_compiling():  # a static cache's length is a tensor: no Python check while compiled
+            last = int(positions[-1]) if positions.numel() else 0
+            if last >= self.config.max_position_embeddings:
+                raise ValueError(
+                    f"The {type(self).__name__.removeprefix('CDNPG').lower()} input reaches position {last}, but the "
+                    f"model has max_position_embeddings={self.config.max_position_embeddings}: truncate it (the "
+                    "paper truncates sentences to 20 tokens)."
+                )
+        hidden_states = inputs_embeds + self.embed_positions(positions + self.config.position_offset)
+        if self.layernorm_embedding is not None:
+            hidden_states = self.layernorm_embedding(hidden_states)
+        return self.dropout(hidden_states)
+
+
+class CDNPGEncoder(CDNPGStack):
+    """Eq. 3 stacked `encoder_layers` times over token + learned position embeddings."""
+
+    def __init__(self, config: CDNPGConfig):
+        super().__init__(config)
+        self.layers = nn.ModuleList([CDNPGEncoderLayer(config, i) for i in range(config.encoder_layers)])
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_granularities: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> CDNPGEncoderOutput | tuple:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds to the encoder.")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        batch_size, seq_len = inputs_embeds.shape[:2]
-        _check_length(seq_len, self.config.max_position_embeddings, "input")
+    ) -> CDNPGEncoderOutput:
+        r"""
+        token_type_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): accepted because
+            BERT tokenizers return them; C-DNPG has no segment embeddings, so they must be all 0 (one sentence per
+            input, no sentence pairs).
+        output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer.
+        """
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        if token_type_ids is not None and bool(token_type_ids.any()):
+            raise ValueError(
+                "token_type_ids: C-DNPG has no segment embeddings, so every token must be in segment 0; encode one "
+                "sentence per input (no text pairs)."
+            )
+        reference = input_ids if input_ids is not None else inputs_embeds
+        batch_size, seq_len = reference.shape[:2]
+        positions = torch.arange(seq_len, device=reference.device)
+        hidden_states = self.embed(input_ids, inputs_embeds, positions)
         if attention_mask is None:
-            attention_mask = torch.ones(batch_size, seq_len, device=inputs_embeds.device)
+            attention_mask = torch.ones(batch_size, seq_len, device=hidden_states.device)
         # N of eq. 8 is each sentence's own number of real tokens: batch composition never changes an output
-        layout = AttentionLayout.build(attention_mask.bool(), seq_len)
+        layout = AttentionLayout.build(attention_mask.bool(), positions, causal=False)
 
-        positions = self.embed_positions(torch.arange(seq_len, device=inputs_embeds.device))
-        hidden_states = self.dropout(inputs_embeds + positions)
-
-        all_hidden, all_attn, all_z = [], [], []
+        all_hidden, all_attentions, all_z = [], [], []
         for layer in self.layers:
-            if output_hidden_states:
-                all_hidden.append(hidden_states)
-            hidden_states, attn_weights, z = layer(hidden_states, layout, output_attentions=bool(output_attentions))
-            all_attn.append(attn_weights)
-            all_z.append(z)
-        if output_hidden_states:
             all_hidden.append(hidden_states)
-
-        output = CDNPGEncoderOutput(
+            hidden_states, attn_weights, z = layer(hidden_states, layout, output_attentions=output_attentions)
+            all_attentions.append(attn_weights)
+            all_z.append(z)
+        all_hidden.append(hidden_states)
+        return CDNPGEncoderOutput(
             last_hidden_state=hidden_states,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(all_attn) if output_attentions else None,
-            granularities=_collect(all_z) if output_granularities else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
+            granularities=tuple(all_z) if output_granularities and all_z[0] is not None else None,
         )
-        return output if _return_dict(return_dict, self.config) else output.to_tuple()
 
 
-class CDNPGDecoder(CDNPGPreTrainedModel):
-    """Eq. 10 stacked `decoder_layers` times; incremental with an `EncoderDecoderCache`."""
+class CDNPGDecoder(CDNPGStack):
+    """Eq. 10 stacked `decoder_layers` times; incremental with any `EncoderDecoderCache` (dynamic or static)."""
 
-    def __init__(self, config: CDNPGConfig, embed_tokens: nn.Embedding):
+    def __init__(self, config: CDNPGConfig):
         super().__init__(config)
-        self.embed_tokens = embed_tokens
-        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.d_model)
         self.layers = nn.ModuleList([CDNPGDecoderLayer(config, i) for i in range(config.decoder_layers)])
-        self.dropout = nn.Dropout(config.dropout)
-        self.gradient_checkpointing = False
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -547,17 +673,19 @@ class CDNPGDecoder(CDNPGPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_granularities: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> CDNPGDecoderOutput | tuple:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of decoder_input_ids or decoder_inputs_embeds.")
+    ) -> CDNPGDecoderOutput:
+        r"""
+        attention_mask (`torch.Tensor` of shape `(batch_size, target_length)`, *optional*): 1 for real decoder
+            tokens, covering the cached and the new positions.
+        past_key_values (`EncoderDecoderCache`, *optional*): a cache to extend; an empty transformers cache
+            (dynamic or static) is wrapped into a `GranularityCache`, which the output returns.
+        """
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
         if encoder_hidden_states is None:
             raise ValueError("The decoder needs encoder_hidden_states (run the encoder first).")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        batch_size, num_queries = inputs_embeds.shape[:2]
-        device = inputs_embeds.device
-
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a cache written inside recomputed layers would be written twice
         if use_cache and past_key_values is None:
@@ -567,54 +695,67 @@ class CDNPGDecoder(CDNPGPreTrainedModel):
                 f"past_key_values must be an EncoderDecoderCache, got {type(past_key_values).__name__}; "
                 "legacy tuple caches are not supported."
             )
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        _check_length(past_length + num_queries, self.config.max_position_embeddings, "decoder input")
+        if (
+            past_key_values is not None
+            and self.config.granularity_mask != "none"
+            and not isinstance(past_key_values, GranularityCache)
+        ):
+            past_key_values = GranularityCache.wrap(past_key_values)
 
+        reference = input_ids if input_ids is not None else inputs_embeds
+        batch_size, num_queries = reference.shape[:2]
+        device = reference.device
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        query_positions = torch.arange(num_queries, device=device) + past_length
+        hidden_states = self.embed(input_ids, inputs_embeds, query_positions)
+
+        # keys: the cached and new tokens, or every slot of a preallocated (static) cache, later ones masked as future
+        capacity = cache_capacity(past_key_values) if past_key_values is not None else None
+        key_length = capacity if capacity is not None else past_length + num_queries
         if attention_mask is None:
-            attention_mask = torch.ones(batch_size, past_length + num_queries, device=device)
-        if attention_mask.shape[-1] != past_length + num_queries:
-            raise ValueError(
-                f"decoder_attention_mask covers {attention_mask.shape[-1]} positions, but the cache holds "
-                f"{past_length} and {num_queries} are new: it must cover all {past_length + num_queries}."
-            )
+            key_padding = torch.ones(batch_size, key_length, dtype=torch.bool, device=device)
+        else:
+            if not torch.compiler.is_compiling() and not (
+                past_length + num_queries <= attention_mask.shape[-1] <= key_length
+            ):
+                raise ValueError(
+                    f"decoder_attention_mask covers {attention_mask.shape[-1]} positions, but the cache holds "
+                    f"{int(past_length)} and {num_queries} are new: it must cover all {int(past_length) + num_queries}."
+                )
+            key_padding = F.pad(attention_mask.bool(), (0, key_length - attention_mask.shape[-1]), value=True)
         if encoder_attention_mask is None:
             encoder_attention_mask = torch.ones(encoder_hidden_states.shape[:2], device=device)
         # N of eq. 8 for query i is what query i can see, i + 1: cached decoding equals a full forward
-        self_layout = AttentionLayout.build(attention_mask.bool(), num_queries, past_length, causal=True)
-        cross_layout = AttentionLayout.build(encoder_attention_mask.bool(), num_queries)
+        self_layout = AttentionLayout.build(key_padding, query_positions, causal=True)
+        cross_layout = AttentionLayout(
+            allowed=encoder_attention_mask.bool()[:, None, None, :], query_positions=query_positions
+        )
 
-        positions = self.embed_positions(torch.arange(past_length, past_length + num_queries, device=device))
-        hidden_states = self.dropout(inputs_embeds + positions)
-
-        all_hidden, self_attn, cross_attn, self_z, cross_z = [], [], [], [], []
+        all_hidden, self_attentions, cross_attentions, self_z, cross_z = [], [], [], [], []
         for layer in self.layers:
-            if output_hidden_states:
-                all_hidden.append(hidden_states)
-            hidden_states, self_w, cross_w, z_self, z_cross = layer(
+            all_hidden.append(hidden_states)
+            hidden_states, self_weights, cross_weights, z_self, z_cross = layer(
                 hidden_states,
                 encoder_hidden_states,
                 self_layout,
                 cross_layout,
                 past_key_values=past_key_values,
-                output_attentions=bool(output_attentions),
+                output_attentions=output_attentions,
             )
-            self_attn.append(self_w)
-            cross_attn.append(cross_w)
+            self_attentions.append(self_weights)
+            cross_attentions.append(cross_weights)
             self_z.append(z_self)
             cross_z.append(z_cross)
-        if output_hidden_states:
-            all_hidden.append(hidden_states)
-
-        output = CDNPGDecoderOutput(
+        all_hidden.append(hidden_states)
+        return CDNPGDecoderOutput(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(self_attn) if output_attentions else None,
-            cross_attentions=tuple(cross_attn) if output_attentions else None,
-            granularities=_collect(self_z) if output_granularities else None,
-            cross_granularities=_collect(cross_z) if output_granularities else None,
+            attentions=tuple(self_attentions) if output_attentions else None,
+            cross_attentions=tuple(cross_attentions) if output_attentions else None,
+            granularities=tuple(self_z) if output_granularities and self_z[0] is not None else None,
+            cross_granularities=tuple(cross_z) if output_granularities and cross_z[0] is not None else None,
         )
-        return output if _return_dict(return_dict, self.config) else output.to_tuple()
 
 
 class CDNPGModel(CDNPGPreTrainedModel):
@@ -624,22 +765,24 @@ class CDNPGModel(CDNPGPreTrainedModel):
         "encoder.embed_tokens.weight": "shared.weight",
         "decoder.embed_tokens.weight": "shared.weight",
     }
-    _keys_to_ignore_on_save = list(_tied_weights_keys)  # tied copies: Trainer re-ties instead of warning on load
 
     def __init__(self, config: CDNPGConfig):
         super().__init__(config)
         self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.encoder = CDNPGEncoder(config, self.shared)
-        self.decoder = CDNPGDecoder(config, self.shared)
+        self.encoder = CDNPGEncoder(config)
+        self.decoder = CDNPGDecoder(config)
         self.post_init()
+
+    def _tie_weights(self) -> None:
+        """transformers 4.57 ties through this hook; 5.x reads `_tied_weights_keys` (the config flag decides both)."""
+        if self.config.tie_word_embeddings:
+            self.encoder.embed_tokens = self.decoder.embed_tokens = self.shared
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.shared
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.shared = value
-        self.encoder.embed_tokens = value
-        self.decoder.embed_tokens = value
+        self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
 
     def get_encoder(self) -> CDNPGEncoder:
         return self.encoder
@@ -647,6 +790,7 @@ class CDNPGModel(CDNPGPreTrainedModel):
     def get_decoder(self) -> CDNPGDecoder:
         return self.decoder
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -657,19 +801,26 @@ class CDNPGModel(CDNPGPreTrainedModel):
         past_key_values: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_granularities: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> CDNPGModelOutput | tuple:
+    ) -> CDNPGModelOutput:
+        r"""
+        token_type_ids: see `CDNPGEncoder.forward`; ignored when `encoder_outputs` are given.
+        output_granularities (`bool`, *optional*): return z (eq. 4) of every layer, e.g. to draw the paper's Figure 2.
+        kwargs: generation bookkeeping that transformers passes to every model (e.g. 4.57's `cache_position`);
+            unused, since positions come from the cache.
+        """
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 inputs_embeds=inputs_embeds,
+                token_type_ids=token_type_ids,
                 output_attentions=output_attentions,
                 output_hidden_states=output_hidden_states,
                 output_granularities=output_granularities,
@@ -691,7 +842,7 @@ class CDNPGModel(CDNPGPreTrainedModel):
             output_granularities=output_granularities,
             return_dict=True,
         )
-        output = CDNPGModelOutput(
+        return CDNPGModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
             past_key_values=decoder_outputs.past_key_values,
             decoder_hidden_states=decoder_outputs.hidden_states,
@@ -704,23 +855,20 @@ class CDNPGModel(CDNPGPreTrainedModel):
             decoder_granularities=decoder_outputs.granularities,
             cross_granularities=decoder_outputs.cross_granularities,
         )
-        return output if _return_dict(return_dict, self.config) else output.to_tuple()
 
 
 class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
-    """C-DNPG with its language-modelling head tied to the shared embedding: a paraphrase generator."""
+    """C-DNPG with a language-modelling head (tied to the shared embedding by default): a paraphrase generator."""
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
-    _keys_to_ignore_on_save = [
-        "lm_head.weight",
-        "model.encoder.embed_tokens.weight",
-        "model.decoder.embed_tokens.weight",
-    ]
 
     def __init__(self, config: CDNPGConfig):
         super().__init__(config)
         self.model = CDNPGModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # labels are not shifted inside the model (the decoder inputs are): token t of `labels` is predicted at
+        # decoder position t, which is transformers' masked-LM loss, not its causal-LM one
+        self.loss_type = "ForMaskedLM"
         self.post_init()
         # The paper's decoding (Section 4.2): beam 8 over sentences of at most 20 tokens. A checkpoint's own
         # generation_config.json replaces these on from_pretrained.
@@ -745,6 +893,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
     def get_decoder(self) -> CDNPGDecoder:
         return self.model.decoder
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -755,19 +904,22 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         past_key_values: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_granularities: bool | None = None,
-        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
-    ) -> CDNPGSeq2SeqLMOutput | tuple:
+    ) -> CDNPGSeq2SeqLMOutput:
         r"""
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`): target ids, -100 where ignored; the
             decoder inputs are derived from them when not given.
         output_granularities (`bool`): return z (eq. 4) of every layer, e.g. to draw the paper's Figure 2.
+        logits_to_keep (`int` or `torch.Tensor`): compute logits only for the last `logits_to_keep` decoder
+            positions (0: all), or for the given positions; generation asks for the last one.
         num_items_in_batch: the number of target tokens in the whole (gradient-accumulated, all-process) batch, as
             passed by `Trainer`; the loss is then the token sum divided by it, so that it stays the mean token loss
             whatever the number of processes or accumulation steps.
@@ -787,25 +939,25 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
+            token_type_ids=token_type_ids,
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_granularities=output_granularities,
             return_dict=True,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
+        positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(outputs.last_hidden_state[:, positions])
 
         loss = None
         if labels is not None:
-            token_losses = F.cross_entropy(
-                logits.float().flatten(0, 1), labels.flatten().to(logits.device), reduction="none"
-            )  # ignore_index -100 gives 0
-            if num_items_in_batch is None:
-                loss = token_losses.sum() / (labels != -100).sum().clamp(min=1)
-            else:
-                loss = token_losses.sum() / num_items_in_batch
+            if num_items_in_batch is None:  # the mean over real target tokens; 0, not NaN, when there are none
+                num_items_in_batch = (labels != -100).sum().clamp(min=1)
+            loss = self.loss_function(
+                logits, labels.contiguous(), self.config.vocab_size, num_items_in_batch=num_items_in_batch
+            )
 
-        output = CDNPGSeq2SeqLMOutput(
+        return CDNPGSeq2SeqLMOutput(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
@@ -819,23 +971,15 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
             decoder_granularities=outputs.decoder_granularities,
             cross_granularities=outputs.cross_granularities,
         )
-        return output if _return_dict(return_dict, self.config) else output.to_tuple()
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by `DataCollatorForSeq2Seq` to build decoder inputs in the collator."""
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
-
-def _check_length(length: int, limit: int, what: str) -> None:
-    if length > limit:
-        raise ValueError(
-            f"The {what} has {length} positions but the model has max_position_embeddings={limit}: truncate it "
-            "(the paper truncates sentences to 20 tokens)."
-        )
-
-
-def _return_dict(return_dict: bool | None, config: CDNPGConfig) -> bool:
-    return return_dict if return_dict is not None else config.return_dict
+    def create_masks_for_generate(self, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
+        """With a static cache, `generate()` turns the decoder's 2-D padding mask into the 4-D mask of its attention
+        backend. C-DNPG builds its own additive mask (padding plus the granularity term) from the 2-D one: keep it."""
+        return attention_mask
 
 
 __all__ = [
@@ -844,6 +988,7 @@ __all__ = [
     "CDNPGForConditionalGeneration",
     "CDNPGModel",
     "CDNPGPreTrainedModel",
+    "GranularityCache",
     "GranularityHead",
     "granularity_mask",
     "resonance_mask",

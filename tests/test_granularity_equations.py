@@ -80,7 +80,7 @@ def test_granularity_mask_combinations():
 
 def reference_self_attention(module: CDNPGAttention, hidden: torch.Tensor, kind: str, multiply: bool) -> torch.Tensor:
     """Eqs. 4, 6, 8, 9 written element by element for one unpadded sentence, as independent of the model as we can."""
-    (length, _), eps = hidden.shape, module.epsilon
+    (length, _), eps = hidden.shape, module.config.scope_epsilon
     z = [torch.sigmoid(module.granularity_head.proj(hidden[i])).item() for i in range(length)]
     n_heads, d_head = module.num_heads, module.head_dim
     q, k, v = module.q_proj(hidden), module.k_proj(hidden), module.v_proj(hidden)
@@ -111,7 +111,7 @@ def test_ga_self_attention_equals_elementwise_reference(kind, mode):
     module = CDNPGAttention(config, num_heads=4, layer_idx=0, mask_kind=kind).eval()
     torch.nn.init.normal_(module.granularity_head.proj.weight, std=0.5)
     hidden = torch.randn(1, 7, 32)
-    layout = AttentionLayout.build(torch.ones(1, 7, dtype=torch.bool), 7)
+    layout = AttentionLayout.build(torch.ones(1, 7, dtype=torch.bool), torch.arange(7), causal=False)
     with torch.no_grad():
         output, _, z = module(hidden, layout)
         expected = reference_self_attention(module, hidden[0], kind, mode == "multiply")
