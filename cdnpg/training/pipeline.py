@@ -196,7 +196,8 @@ class CDNPGTrainer(Seq2SeqTrainer):
         if self.is_world_process_zero():
             model_id = self.args.hub_model_id or Path(self.args.output_dir).name
             path = Path(self.args.output_dir) / "README.md"
-            path.with_suffix(".md.tmp").write_text(render_model_card(self.model, model_id, **(self.card or {})))
+            card = render_model_card(self.model, model_id, **(self.card or {}))
+            path.with_suffix(".md.tmp").write_text(card, encoding="utf-8")
             os.replace(path.with_suffix(".md.tmp"), path)
 
 
@@ -252,7 +253,8 @@ def write_predictions(path: str | os.PathLike, pairs: datasets.Dataset, predicti
     """One JSON line per pair: source, reference, prediction."""
     with Path(path).open("w", encoding="utf-8") as out:
         for source, reference, predicted in zip(pairs["source"], pairs["target"], predictions, strict=True):
-            out.write(json.dumps({"source": source, "reference": reference, "prediction": predicted}) + "\n")
+            row = {"source": source, "reference": reference, "prediction": predicted}
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def record(trainer: Seq2SeqTrainer, split: str, new: dict[str, float], metrics: dict[str, float]) -> None:
