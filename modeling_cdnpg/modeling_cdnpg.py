@@ -253,9 +253,10 @@ class GranularityCache(EncoderDecoderCache):
         super().reset()
         self.granularity_cache.reset()
 
-    def crop(self, max_length: int) -> None:
-        super().crop(max_length)
-        self.granularity_cache.crop(max_length)
+    def crop(self, length: int) -> None:
+        """`length` as transformers reads it: 5.x removes -length tokens, 4.57 keeps the first `length`."""
+        super().crop(length)
+        self.granularity_cache.crop(length)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         super().batch_repeat_interleave(repeats)

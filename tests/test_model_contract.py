@@ -1,0 +1,321 @@
+"""transformers' model contract, in the project's own words: what its common model and generation tests check of every
+model (weight ties, output flags, the cache layout, static caches and compilation, attention backends,
+logits_to_keep), plus what users of BERT tokenizers need (token_type_ids)."""
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AttentionInterface, DynamicCache, EncoderDecoderCache, StaticCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGModel
+from modeling_cdnpg.modeling_cdnpg import GranularityCache
+from tests.conftest import MASKS, tiny_model
+from tests.test_hub import PYTHONS, run_isolated
+from tests.test_modeling import batch
+
+GENERATION = dict(max_new_tokens=6, min_new_tokens=6)  # a fixed number of steps: no early EOS hides a difference
+
+
+def test_untied_embeddings_round_trip_with_equal_logits(tmp_path):
+    model = tiny_model(tie_word_embeddings=False)
+    weights = {
+        "shared": model.model.shared.weight,
+        "encoder": model.model.encoder.embed_tokens.weight,
+        "decoder": model.model.decoder.embed_tokens.weight,
+        "lm_head": model.lm_head.weight,
+    }
+    assert len({tensor.data_ptr() for tensor in weights.values()}) == 4, "untied: four matrices"
+    model.save_pretrained(tmp_path)
+    loaded, info = CDNPGForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name]), name
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        expected = model(input_ids, attention_mask, decoder_input_ids=input_ids).logits
+        got = loaded.eval()(input_ids, attention_mask, decoder_input_ids=input_ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+
+def test_tied_checkpoint_stores_the_embedding_once_and_ties_it_again_on_load(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    embedding_keys = {key for key in stored if "embed_tokens" in key or "shared" in key or "lm_head" in key}
+    assert embedding_keys == {"model.shared.weight"}
+    loaded, info = CDNPGForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+    assert info["missing_keys"] == set()
+    shared = loaded.model.shared.weight
+    assert loaded.lm_head.weight is shared and loaded.model.encoder.embed_tokens.weight is shared
+
+
+@pytest.mark.parametrize("model_class", [CDNPGModel, CDNPGForConditionalGeneration])
+def test_loading_report_lists_every_missing_weight(model_class, tmp_path):
+    """A checkpoint whose weights are gone is reported as such: nothing is hidden by ignore-lists or ties."""
+    model = model_class(tiny_model().config)
+    model.save_pretrained(tmp_path)
+    save_file({"unrelated": torch.zeros(2)}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    _, info = model_class.from_pretrained(tmp_path, output_loading_info=True)
+    source = "shared.weight" if model_class is CDNPGModel else "model.shared.weight"
+    assert source in info["missing_keys"]
+    assert {name for name, _ in model.named_parameters()} <= info["missing_keys"] | {
+        name for name in model.state_dict() if "embed_tokens" in name or name == "lm_head.weight"
+    }
+
+
+def test_config_output_flags_are_honoured_and_arguments_override_them():
+    model = tiny_model(output_attentions=True, output_hidden_states=True)
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        out = model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :4])
+        off = model(
+            input_ids,
+            attention_mask,
+            decoder_input_ids=input_ids[:, :4],
+            output_attentions=False,
+            output_hidden_states=False,
+        )
+    layers = model.config.encoder_layers
+    assert len(out.encoder_attentions) == len(out.decoder_attentions) == len(out.cross_attentions) == layers
+    assert out.encoder_attentions[0].shape == (3, 4, 7, 7)
+    assert out.cross_attentions[0].shape == (3, 4, 4, 7)
+    assert len(out.encoder_hidden_states) == len(out.decoder_hidden_states) == layers + 1
+    assert off.encoder_attentions is off.cross_attentions is off.decoder_hidden_states is None
+
+
+def test_return_dict_false_gives_the_tuple_of_the_output():
+    model = tiny_model()
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        as_dict = model(input_ids, attention_mask, decoder_input_ids=input_ids, use_cache=False)
+        as_tuple = model(input_ids, attention_mask, decoder_input_ids=input_ids, use_cache=False, return_dict=False)
+    assert isinstance(as_tuple, tuple)
+    torch.testing.assert_close(as_tuple[0], as_dict.logits)
+
+
+@pytest.mark.parametrize("kind", MASKS)
+def test_cache_keeps_transformers_layout_and_z_beside_it(kind):
+    model = tiny_model(granularity_mask=kind)
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        cache = model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :5], use_cache=True).past_key_values
+    assert isinstance(cache, EncoderDecoderCache)
+    heads, head_dim = 4, 8
+    for layer in cache.self_attention_cache.layers:
+        assert layer.keys.shape == layer.values.shape == (3, heads, 5, head_dim)
+    for layer in cache.cross_attention_cache.layers:
+        assert layer.keys.shape == layer.values.shape == (3, heads, 7, head_dim)
+    if kind == "none":
+        assert not isinstance(cache, GranularityCache), "no granularity heads, nothing to keep"
+    else:
+        assert isinstance(cache, GranularityCache)
+        for layer in cache.granularity_cache.layers:
+            assert layer.keys.shape == (3, 1, 5, 1)
+            assert ((layer.keys > 0) & (layer.keys < 1)).all()
+
+
+@pytest.mark.parametrize("kind", MASKS)
+def test_static_cache_generates_the_ids_of_the_dynamic_cache(kind):
+    model = tiny_model(granularity_mask=kind)
+    input_ids, attention_mask = batch()
+    for num_beams in (1, 4):
+        kwargs = dict(attention_mask=attention_mask, num_beams=num_beams, **GENERATION)
+        dynamic = model.generate(input_ids, **kwargs)
+        static = model.generate(input_ids, cache_implementation="static", return_dict_in_generate=True, **kwargs)
+        assert torch.equal(static.sequences, dynamic), (kind, num_beams)
+        assert isinstance(static.past_key_values.self_attention_cache, StaticCache)
+
+
+def test_cropped_cache_continues_like_a_full_forward():
+    """Assisted decoding crops the cache after rejected draft tokens: z must be cropped with the keys."""
+    model = tiny_model(granularity_mask="product")
+    input_ids, attention_mask = batch()
+    decoder_input_ids = torch.randint(3, 60, (3, 8))
+    with torch.no_grad():
+        full = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, use_cache=False).logits
+        first = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, use_cache=True)
+        cache = first.past_key_values
+        cache.crop(-3)  # transformers 5.x: a negative number of tokens to remove
+        rest = model(
+            attention_mask=attention_mask,
+            encoder_outputs=(first.encoder_last_hidden_state,),
+            decoder_input_ids=decoder_input_ids[:, 5:],
+            past_key_values=cache,
+            use_cache=True,
+        ).logits
+    torch.testing.assert_close(rest, full[:, 5:], atol=1e-5, rtol=0)
+
+
+def test_a_plain_cache_that_already_holds_tokens_is_refused():
+    model = tiny_model()
+    input_ids, attention_mask = batch()
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    cache.self_attention_cache.update(torch.zeros(3, 4, 2, 8), torch.zeros(3, 4, 2, 8), 0)
+    with pytest.raises(ValueError, match="granularity z"):
+        model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :1], past_key_values=cache)
+
+
+@pytest.mark.parametrize("kind", ["resonance", "product"])
+def test_decoding_step_compiles_with_fullgraph_on_a_static_cache(kind):
+    """No graph break in a decoding step (dynamo would raise under fullgraph=True); the compiled step gives the
+    eager logits. backend="eager" keeps the test fast: dynamo's tracing, which finds graph breaks, is the same."""
+    model = tiny_model(granularity_mask=kind)
+    input_ids, attention_mask = batch()
+    decoder_input_ids = torch.randint(3, 60, (3, 4))
+    step = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        full = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, use_cache=False).logits
+        cache = EncoderDecoderCache(
+            StaticCache(config=model.config, max_cache_len=8), StaticCache(config=model.config, max_cache_len=7)
+        )
+        prefill = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids[:, :1], past_key_values=cache)
+        cache, logits = prefill.past_key_values, [prefill.logits]
+        for t in range(1, 4):
+            out = step(
+                attention_mask=attention_mask,
+                encoder_outputs=(prefill.encoder_last_hidden_state,),
+                decoder_input_ids=decoder_input_ids[:, t : t + 1],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits.append(out.logits)
+    torch.testing.assert_close(torch.cat(logits, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_attention_backend_switches_at_run_time_and_receives_the_granularity_bias():
+    model = tiny_model(granularity_mask="resonance")
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        sdpa = model(input_ids, attention_mask, decoder_input_ids=input_ids).logits
+        model.set_attn_implementation("eager")
+        assert model.model.encoder.layers[0].self_attn.config._attn_implementation == "eager"
+        eager = model(input_ids, attention_mask, decoder_input_ids=input_ids).logits
+
+        masks = []
+
+        def recording_attention(module, query, key, value, attention_mask, **kwargs):
+            masks.append(attention_mask)
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+        AttentionInterface.register("cdnpg_test_recording", recording_attention)
+        model.set_attn_implementation("cdnpg_test_recording")
+        recorded = model(input_ids, attention_mask, decoder_input_ids=input_ids).logits
+    torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=0)
+    torch.testing.assert_close(recorded, sdpa, atol=1e-6, rtol=0)
+    assert len(masks) == 3 * 2  # encoder self, decoder self, decoder cross; 2 layers each
+    visible = masks[0][masks[0] > torch.finfo(masks[0].dtype).min]
+    assert (visible < 0).any() and visible.unique().numel() > 2, "log M of eq. 6 reaches the backend, not just padding"
+
+
+def test_a_backend_without_an_additive_mask_is_refused_rather_than_dropping_the_granularity_term():
+    model = tiny_model()
+    model.config._attn_implementation = "flash_attention_2"
+    input_ids, attention_mask = batch()
+    with pytest.raises(ValueError, match=r"flash_attention_2.*additive mask.*'sdpa'"):
+        model(input_ids, attention_mask, decoder_input_ids=input_ids)
+
+
+def test_logits_to_keep_computes_only_the_last_positions():
+    model = tiny_model()
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        full = model(input_ids, attention_mask, decoder_input_ids=input_ids).logits
+        last = model(input_ids, attention_mask, decoder_input_ids=input_ids, logits_to_keep=1).logits
+        two = model(input_ids, attention_mask, decoder_input_ids=input_ids, logits_to_keep=2).logits
+    assert last.shape == (3, 1, 60)
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=0)
+    torch.testing.assert_close(two, full[:, -2:], atol=1e-6, rtol=0)
+
+
+def test_all_zero_token_type_ids_are_accepted_by_forward_and_generate():
+    model = tiny_model()
+    input_ids, attention_mask = batch()
+    token_type_ids = torch.zeros_like(input_ids)
+    with torch.no_grad():
+        without = model(input_ids, attention_mask, decoder_input_ids=input_ids).logits
+        with_ids = model(input_ids, attention_mask, decoder_input_ids=input_ids, token_type_ids=token_type_ids).logits
+    torch.testing.assert_close(with_ids, without)
+    generated = model.generate(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+    assert torch.equal(generated, model.generate(input_ids=input_ids, attention_mask=attention_mask))
+
+
+def test_sentence_pair_token_type_ids_are_refused_naming_the_field():
+    model = tiny_model()
+    input_ids, attention_mask = batch()
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[0, 3:] = 1
+    with pytest.raises(ValueError, match="token_type_ids"):
+        model(input_ids, attention_mask, decoder_input_ids=input_ids, token_type_ids=token_type_ids)
+
+
+def test_generate_defaults_to_the_papers_beam_search():
+    config = tiny_model().generation_config
+    assert (config.num_beams, config.max_new_tokens) == (8, 20)
+
+
+# ---- the same behaviours in a fresh process through the checkpoint's own code (trust_remote_code), on transformers
+# 5.x and, where CI provides it, 4.57 ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_remote_code_static_cache_and_untied_weights_match_this_process(python, tmp_path):
+    input_ids, attention_mask = batch()
+    expected = {}
+    for kind in MASKS:
+        model = tiny_model(granularity_mask=kind, tie_word_embeddings=kind != "resonance")
+        model.save_pretrained(tmp_path / kind)
+        ids = model.generate(input_ids, attention_mask=attention_mask, num_beams=4, **GENERATION)
+        with torch.no_grad():
+            logits = model(input_ids, attention_mask, decoder_input_ids=input_ids).logits
+        expected[kind] = {"ids": ids.tolist(), "logits": logits.flatten()[:50].tolist()}
+    got = run_isolated(
+        python,
+        f"""
+        import json, torch
+        from transformers import AutoModelForSeq2SeqLM
+        input_ids, attention_mask = torch.tensor({input_ids.tolist()}), torch.tensor({attention_mask.tolist()})
+        results = {{}}
+        for kind in {list(MASKS)!r}:
+            model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path)!r} + "/" + kind, trust_remote_code=True)
+            kwargs = dict(attention_mask=attention_mask, num_beams=4, **{GENERATION!r})
+            dynamic = model.generate(input_ids, **kwargs)
+            static = model.generate(input_ids, cache_implementation="static", **kwargs)
+            with torch.no_grad():
+                logits = model(input_ids, attention_mask, decoder_input_ids=input_ids).logits
+            results[kind] = {{"ids": dynamic.tolist(), "static_equal": torch.equal(dynamic, static),
+                             "logits": logits.flatten()[:50].tolist()}}
+        print(json.dumps(results))
+        """,
+        cwd=tmp_path,
+    )
+    for kind in MASKS:
+        assert got[kind]["static_equal"], kind
+        assert got[kind]["ids"] == expected[kind]["ids"], kind
+        torch.testing.assert_close(torch.tensor(got[kind]["logits"]), torch.tensor(expected[kind]["logits"]))
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_bert_tokenizer_output_generates_directly_in_a_fresh_process(python, shared_dir, tmp_path):
+    """`model.generate(**tokenizer(text, return_tensors="pt"))` with the paper's tokenizer, which returns token_type_ids,
+    for a folder that model.save_pretrained wrote (no tokenizer in it)."""
+    tokenizer_dir = shared_dir / "tokenizers" / "bert-base-uncased"
+    model = tiny_model(
+        vocab_size=30522, pad_token_id=0, bos_token_id=101, eos_token_id=102, decoder_start_token_id=101
+    )
+    model.save_pretrained(tmp_path / "model")
+    got = run_isolated(
+        python,
+        f"""
+        import json
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({str(tokenizer_dir)!r})
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
+        inputs = tokenizer(["how can i learn python ?", "why is the sky blue ?"], return_tensors="pt", padding=True)
+        ids = model.generate(**inputs, max_new_tokens=5)
+        print(json.dumps({{"keys": sorted(inputs), "shape": list(ids.shape)}}))
+        """,
+        cwd=tmp_path,
+    )
+    assert "token_type_ids" in got["keys"], "the paper's tokenizer returns them: that is the case under test"
+    assert got["shape"][0] == 2
