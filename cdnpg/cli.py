@@ -105,7 +105,7 @@ def paraphrase(
     Inputs longer than the model takes are truncated to that (not to the paper's 20 tokens), with a warning.
     `first_index` numbers the texts in warnings (their line number in the input).
     """
-    from cdnpg.granularity import content_tokens, encode, generation_kwargs, input_limit
+    from cdnpg.inference import content_tokens, encode, generation_kwargs, input_limit
 
     results: list[list[str]] = [[] for _ in texts]
     todo = []
@@ -225,7 +225,7 @@ def _run_paraphrase(args: argparse.Namespace) -> int:
 
 
 def _check_granularity(args: argparse.Namespace) -> str | None:
-    from cdnpg.granularity import FIGURE_SUFFIXES
+    from cdnpg.figures import FIGURE_SUFFIXES
 
     if not args.out and not args.show:
         return "nothing to do: give --out FILE (.png, .svg, .pdf or .html) and/or --show"
@@ -243,7 +243,8 @@ def _use_color() -> bool:
 
 
 def _run_granularity(args: argparse.Namespace) -> int:
-    from cdnpg.granularity import GranularityUnavailableError, render, render_text, word_granularities
+    from cdnpg.figures import render, render_text
+    from cdnpg.granularity import GranularityUnavailableError, word_granularities
 
     for out in args.out:
         if not Path(out).resolve().parent.is_dir():

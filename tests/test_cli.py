@@ -1,4 +1,4 @@
-"""The `cdnpg` command line and the granularity figure (cdnpg.cli, cdnpg.granularity).
+"""The `cdnpg` command line and the granularity figure (cdnpg.cli, cdnpg.inference, cdnpg.granularity, cdnpg.figures).
 
 End-to-end tests run the real entry points in a fresh process (`python -m cdnpg.cli` and the installed `cdnpg`
 script) on a tiny random model saved once per module; each costs a few seconds of imports, so there are few of
@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,21 +25,20 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokeniz
 
 from cdnpg.cli import main
 from cdnpg.data import train_wordpiece_tokenizer
-from cdnpg.granularity import (
+from cdnpg.figures import (
+    CELL_WIDTH,
     DPI,
+    ROW_HEIGHT,
     SCALE_LABEL,
-    GranularityUnavailableError,
-    LayerRow,
     figure_size,
-    generation_kwargs,
     granularity_figure,
-    input_limit,
     png_size,
     render_html,
     render_text,
-    word_granularities,
     z_to_rgb,
 )
+from cdnpg.granularity import GranularityUnavailableError, LayerRow, word_granularities
+from cdnpg.inference import generation_kwargs, input_limit
 from tests.conftest import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -431,19 +431,26 @@ def test_figure_grows_with_words_and_layers():
         ),
         (["https://example.com/a/very/long/address/indeed", "x"], ["y"]),
         (["x"], ["making" * 30]),  # an untrained model's paraphrase: one endless word, in the panel title too
+        (["internationalization", "counterrevolutionaries", "electroencephalography", "x"], ["a"] * 12),  # wraps
     ],
 )
 def test_figure_text_stays_on_the_page_and_clear_of_other_elements(words, paraphrase):
     """Every label, title and note lies inside the figure, and no word label runs into another panel, the colour
-    bar or a title; unrotated labels do not overlap each other."""
+    bar or a title; unrotated labels do not overlap each other; every cell keeps its size."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    figure = granularity_figure(rows_for(words, paraphrase))
-    canvas = FigureCanvasAgg(figure)
-    canvas.draw()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied": the layout engine gave up
+        figure = granularity_figure(rows_for(words, paraphrase))
+        canvas = FigureCanvasAgg(figure)
+        canvas.draw()
     renderer = canvas.get_renderer()
     page = figure.bbox
     heatmaps, colorbar_axes = figure.axes[:-1], figure.axes[-1]
+    for axes in heatmaps:  # a cell per word of the longer sentence, in every panel, so that cells line up
+        box = axes.get_window_extent(renderer)
+        cell_width, row_height = box.width / max(len(words), len(paraphrase)), box.height / 3
+        assert cell_width >= CELL_WIDTH * DPI - 1 and row_height >= ROW_HEIGHT * DPI - 1
     boxes = {}
     for axes in figure.axes:
         for label in [*axes.get_xticklabels(), *axes.get_yticklabels(), axes.title, axes.xaxis.label]:
