@@ -50,7 +50,7 @@ class UsageError(ValueError):
 
 
 def _default(what: str, value: object) -> str:
-    return f"{what} (default: CDNPGConfig's, {value})."
+    return f"{what}; None takes CDNPGConfig's default, the paper's ({value})."
 
 
 @dataclass
@@ -135,7 +135,7 @@ class DataArguments:
     dataset: str | None = field(
         default=None,
         metadata={
-            "help": f"One of {DATASETS}; default: inferred from the data flags (--train_file: files, --quora_file: "
+            "help": f"One of {DATASETS}; None infers it from the data flags (--train_file: files, --quora_file: "
             "quora_raw, --twitter_train_file: twitter_url_raw, --dataset_name: hub, none of them: template)."
         },
     )
@@ -153,7 +153,7 @@ class DataArguments:
     template_sizes: list[int] | None = field(
         default=None,
         metadata={
-            "help": f"dataset=template: train, valid, test sizes (default: {' '.join(map(str, TEMPLATE_SIZES))})."
+            "help": f"dataset=template: train, valid, test sizes; None takes {' '.join(map(str, TEMPLATE_SIZES))}."
         },
     )
     data_seed_split: int = field(default=0, metadata={"help": "Seed of corpus generation and shuffled splits."})
