@@ -88,6 +88,17 @@ def _cleaner(normalize: bool, unk_vocab: str | os.PathLike[str] | None) -> Calla
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def _add_pair(
+    pairs: list[tuple[str, str]], report: FileReport, line: int, source: tuple[str, str], target: tuple[str, str]
+) -> None:
+    """Append a ``(source, target)`` pair given as ``(field name, text)``, or count it as malformed, naming the field."""
+    reason = check_text(*source) or check_text(*target)
+    if reason:
+        report.add_malformed(line, reason)
+    else:
+        pairs.append((source[1], target[1]))
+
+
 def _resolve_sizes(
     available: int, sizes: dict[str, int | None], scale_if_short: bool, what: str, report: PairDataReport
 ) -> dict[str, int]:
@@ -214,12 +225,7 @@ def prepare_quora(
             if row[label].strip() == "0":
                 file_report.filtered += 1
                 continue
-            source, target = clean(row[q1]), clean(row[q2])
-            reason = check_text("question1", source) or check_text("question2", target)
-            if reason:
-                file_report.add_malformed(line_number, reason)
-                continue
-            pairs.append((source, target))
+            _add_pair(pairs, file_report, line_number, ("question1", clean(row[q1])), ("question2", clean(row[q2])))
     file_report.kept = len(pairs)
     report.note(f"{path.name}: {len(pairs)} duplicate pairs kept, {file_report.filtered} non-duplicates dropped")
     sizes = _resolve_sizes(
@@ -265,12 +271,7 @@ def _read_twitter_lines(
             elif not (allow_unlabelled and len(fields) == 2):
                 report.add_malformed(line_number, f"expected {expected} tab-separated fields, got {len(fields)}")
                 continue
-            source, target = clean(fields[0]), clean(fields[1])
-            reason = check_text("sent1", source) or check_text("sent2", target)
-            if reason:
-                report.add_malformed(line_number, reason)
-                continue
-            pairs.append((source, target))
+            _add_pair(pairs, report, line_number, ("sent1", clean(fields[0])), ("sent2", clean(fields[1])))
     report.kept = len(pairs)
     return pairs
 
