@@ -167,8 +167,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    for name in ("max_steps", "evaluations"):
-        if getattr(args, name) < 1:
+    for name in ("max_steps", "evaluations", "batch_size", "eval_batch_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
     if len(set(args.seeds)) != len(args.seeds):
         raise SystemExit(f"--seeds repeats a seed: {args.seeds}")
