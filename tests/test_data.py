@@ -273,7 +273,7 @@ def test_csv_fields_may_hold_quoted_commas_and_newlines_and_keep_line_numbers(tm
 
 
 def test_jsonl_records_end_only_at_line_breaks_and_an_empty_file_is_an_empty_split(tmp_path):
-    path = tmp_path / "train.jsonl"
+    path = tmp_path / "train[v2]*.jsonl"  # a file name, not a glob pattern
     records = [{"source": "a\u2028b ?", "target": "c\x0cd ?"}, {"source": "e ?", "target": "f ?"}]
     path.write_bytes(b"\r\n".join(json.dumps(r, ensure_ascii=False).encode() for r in records) + b"\r\n")
     empty = tmp_path / "valid.jsonl"

@@ -10,6 +10,7 @@ pads short rows and does not say on which line a skipped row was.
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import os
 from pathlib import Path
@@ -61,7 +62,8 @@ def _parse_json_lines(
 
 
 def _read_json_lines(path: Path, source_column: str, target_column: str) -> Dataset:
-    lines = load_dataset("text", data_files=str(path), split="train", features=Features({"text": Value("string")}))
+    data_files = glob.escape(str(path))  # a file name, not a pattern: "train[1].jsonl" is that file
+    lines = load_dataset("text", data_files=data_files, split="train", features=Features({"text": Value("string")}))
     records = lines.map(
         _parse_json_lines,
         batched=True,
