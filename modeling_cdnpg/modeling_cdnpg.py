@@ -27,6 +27,7 @@ Supported: transformers 4.57.x and 5.x. This file is copied into every saved che
 only torch, transformers and its sibling configuration file.
 """
 
+import functools
 import math
 import os
 import shutil
@@ -79,45 +80,43 @@ class GranularityHead(nn.Module):
         return torch.sigmoid(self.proj(hidden_states).float()).squeeze(-1)  # (b, t)
 
 
-def resonance_mask(z_query: torch.Tensor, z_key: torch.Tensor) -> torch.Tensor:
-    """Eq. 6, the continuous relaxation of eq. 5 (C_ij = 1 iff z_i = z_j): template tokens (z_i ≈ 0) attend to
+def resonance_mask(z_i: torch.Tensor, z_j: torch.Tensor) -> torch.Tensor:
+    """Eq. 6, C_ij, the continuous relaxation of eq. 5 (C_ij = 1 iff z_i = z_j): template tokens (z_i ≈ 0) attend to
     template tokens, detail tokens (z_i ≈ 1) to tokens at least as detailed as themselves.
 
-    z_query (b, i), z_key (b, j) -> C (b, i, j).
+    Elementwise, as the paper writes it: z_i (b, i, 1) and z_j (b, 1, j) broadcast to C (b, i, j); inside flex
+    attention they are the scalars of one query-key pair.
     """
-    z_i = z_query[:, :, None]
-    z_j = z_key[:, None, :]
     return (1 - z_i) * (1 - (z_i + z_j)).clamp(min=0) + z_i * (1 - z_i + z_j).clamp(max=1)
 
 
-def scope_mask(z_query: torch.Tensor, length: torch.Tensor, distance: torch.Tensor, epsilon: float) -> torch.Tensor:
-    """Eq. 8, the continuous relaxation of eq. 7: a template token (z_i = 0) sees all N visible tokens, a detail
+def scope_mask(z_i: torch.Tensor, length: torch.Tensor, distance: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Eq. 8, S_ij, the continuous relaxation of eq. 7: a template token (z_i = 0) sees all N visible tokens, a detail
     token (z_i = 1) only its neighbours within epsilon.
 
-    z_query (b, i); length N (b, i), the number of keys query i can see; distance |i - j| (i, j) -> S (b, i, j).
+    Elementwise: z_i and N (the number of keys query i can see) (b, i, 1), distance |i - j| (i, j) -> S (b, i, j).
     (N - eps) is clamped at the smallest positive float: eq. 8 is undefined for N < eps (every key then lies within
     eps anyway), and the clamp keeps the power's gradient finite.
     """
-    base = (length - epsilon).clamp(min=torch.finfo(torch.float32).tiny)
-    width = base.pow(1 - z_query) + epsilon  # (b, i)
-    return (width[:, :, None] - distance).clamp(min=0, max=1)
+    width = (length - epsilon).clamp(min=torch.finfo(torch.float32).tiny).pow(1 - z_i) + epsilon
+    return (width - distance).clamp(min=0, max=1)
 
 
 def granularity_mask(
     kind: str,
-    z_query: torch.Tensor,
-    z_key: torch.Tensor,
+    z_i: torch.Tensor,
+    z_j: torch.Tensor,
     length: torch.Tensor | None,
     distance: torch.Tensor | None,
     epsilon: float,
 ) -> torch.Tensor:
-    """The mask M of eq. 9 for one attention module: resonance (R), scope (S), product (R⊙S) or mean ((R+S)/2)."""
+    """The mask M_ij of eq. 9: resonance (R), scope (S), product (R⊙S) or mean ((R+S)/2); elementwise like its parts."""
     if kind == "resonance":
-        return resonance_mask(z_query, z_key)
-    scope = scope_mask(z_query, length, distance, epsilon)
+        return resonance_mask(z_i, z_j)
+    scope = scope_mask(z_i, length, distance, epsilon)
     if kind == "scope":
         return scope
-    resonance = resonance_mask(z_query, z_key)
+    resonance = resonance_mask(z_i, z_j)
     return resonance * scope if kind == "product" else (resonance + scope) / 2
 
 
@@ -130,26 +129,39 @@ def granularity_mask(
 class AttentionLayout:
     """Which keys each query may see, computed once per stack and shared by its layers.
 
-    allowed: (b, 1, i, j) bool. query_positions: (i,) the queries' positions in the sequence, where new keys and z
-    are written in a cache. length: (b, i) float, N of eq. 8; distance: (i, j) float, |i - j| of eq. 8 (None for
-    cross-attention, which never uses the scope mask).
+    key_padding: (b, j) bool, True for real tokens. query_positions: (i,) the queries' positions in the sequence,
+    where new keys and z are written in a cache. causal: query i sees keys at positions <= its own. length: (b, i)
+    float, N of eq. 8, the number of keys query i sees (None for cross-attention, which has no scope mask).
+    allowed (b, 1, i, j) bool and distance |i - j| (i, j) float are the same rules as tensors; flex attention, which
+    applies them per query-key pair inside its kernel, does without them.
     """
 
-    allowed: torch.Tensor
+    key_padding: torch.Tensor
     query_positions: torch.Tensor
+    causal: bool
     length: torch.Tensor | None = None
+    allowed: torch.Tensor | None = None
     distance: torch.Tensor | None = None
 
     @classmethod
-    def build(cls, key_padding: torch.Tensor, query_positions: torch.Tensor, causal: bool) -> "AttentionLayout":
-        """key_padding (b, j) bool, True for real tokens; causal: query i sees keys at positions <= its own."""
-        key_positions = torch.arange(key_padding.shape[-1], device=key_padding.device)
-        allowed = key_padding[:, None, None, :].expand(-1, 1, query_positions.shape[0], -1)  # (b, 1, i, j)
-        if causal:
-            allowed = allowed & (key_positions[None, :] <= query_positions[:, None])
-        length = allowed[:, 0].sum(-1).float()  # (b, i)
-        distance = (query_positions[:, None] - key_positions[None, :]).abs().float()  # (i, j)
-        return cls(allowed=allowed, query_positions=query_positions, length=length, distance=distance)
+    def build(
+        cls, key_padding: torch.Tensor, query_positions: torch.Tensor, causal: bool, materialize: bool = True
+    ) -> "AttentionLayout":
+        visible_so_far = key_padding.long().cumsum(-1)  # (b, j): real keys at positions <= j
+        last = query_positions if causal else torch.full_like(query_positions, key_padding.shape[-1] - 1)
+        layout = cls(key_padding, query_positions, causal, length=visible_so_far[:, last].float())
+        if materialize:
+            key_positions = torch.arange(key_padding.shape[-1], device=key_padding.device)
+            allowed = key_padding[:, None, None, :].expand(-1, 1, query_positions.shape[0], -1)  # (b, 1, i, j)
+            layout.allowed = allowed & (key_positions <= query_positions[:, None]) if causal else allowed
+            layout.distance = (query_positions[:, None] - key_positions).abs().float()  # (i, j)
+        return layout
+
+    @classmethod
+    def cross(cls, encoder_padding: torch.Tensor, query_positions: torch.Tensor, materialize: bool = True):
+        """Decoder queries over encoder keys: every real encoder token is visible; no scope, so no N or distance."""
+        allowed = encoder_padding[:, None, None, :] if materialize else None
+        return cls(encoder_padding, query_positions, causal=False, allowed=allowed)
 
 
 def attention_bias(allowed: torch.Tensor, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -201,6 +213,62 @@ def attention_function(config: CDNPGConfig) -> Callable:
     if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # transformers 5.x
         return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
     return eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
+
+
+def masks_in_kernel(config: CDNPGConfig, output_attentions: bool) -> bool:
+    """Whether attention masks are left to flex attention's kernel rather than built as (b, 1, i, j) tensors: not
+    when the attention weights are returned or eq. 9 is applied literally, which take the reference path."""
+    return (
+        config._attn_implementation == "flex_attention"
+        and not output_attentions
+        and config.granularity_mask_mode != "multiply"
+    )
+
+
+def flex_granularity_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: AttentionLayout,
+    z_query: torch.Tensor | None,
+    z_key: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+) -> tuple[torch.Tensor, None]:
+    """GA-attention in flex attention: the granularity mask (eqs. 6-9) and the visibility rules are computed per
+    query-key pair inside the kernel from z, N and the positions, so no (b, h, i, j) mask is ever in memory.
+
+    query (b, h, i, d), key/value (b, h, j, d) -> output (b, i, h, d).
+    """
+    if dropout > 0:
+        raise ValueError(
+            "flex_attention has no attention dropout: train with 'sdpa' or 'eager', or set attention_dropout=0."
+        )
+    kind, epsilon = module.mask_kind, module.config.scope_epsilon
+
+    def score_mod(score, b, h, q, kv):
+        visible = layout.key_padding[b, kv]
+        if layout.causal:
+            visible = visible & (kv <= layout.query_positions[q])
+        if z_query is not None:  # GA, eqs. 6-9, for this query-key pair
+            length = layout.length[b, q] if layout.length is not None else None
+            distance = (layout.query_positions[q] - kv).abs().float()
+            mask = granularity_mask(kind, z_query[b, q], z_key[b, kv], length, distance, epsilon)
+            score = score + torch.log(torch.clamp(mask, min=MASK_FLOOR))
+        return torch.where(visible, score, torch.finfo(score.dtype).min)
+
+    output = compiled_flex_attention()(query, key, value, score_mod=score_mod, scale=scaling)
+    return output.transpose(1, 2).contiguous(), None
+
+
+@functools.cache
+def compiled_flex_attention() -> Callable:
+    """torch's flex attention compiled once per process (uncompiled it materialises every score). Shapes are static:
+    with dynamic shapes, torch 2.13's CPU kernels fail to build for the scope mask."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -355,26 +423,37 @@ class CDNPGAttention(nn.Module):
                 if z_key is not None:
                     z_key = past_key_values.update_granularity(z_key, self.layer_idx, cache_kwargs)
 
-        mask = None
-        if z_query is not None:  # GA, eqs. 6-9
-            mask = granularity_mask(
-                self.mask_kind, z_query, z_key, layout.length, layout.distance, self.config.scope_epsilon
-            )
-        multiply = mask is not None and self.config.granularity_mask_mode == "multiply"
-        attention_mask = attention_bias(layout.allowed, None if multiply else mask, query_states.dtype)
         dropout = self.dropout if self.training else 0.0
-        # the literal eq. 9, or the weights themselves, need the reference path
-        attend = eager_attention_forward if multiply or output_attentions else attention_function(self.config)
-        attn_output, attn_weights = attend(
-            self,
-            query_states,
-            key_states,
-            value_states,
-            attention_mask,
-            scaling=self.scaling,
-            dropout=dropout,
-            **({"multiplier": mask} if multiply else {}),
-        )
+        multiply = z_query is not None and self.config.granularity_mask_mode == "multiply"
+        if layout.allowed is None:  # the stack chose flex attention, which applies the masks inside its kernel
+            attn_output, attn_weights = flex_granularity_attention(
+                self, query_states, key_states, value_states, layout, z_query, z_key, self.scaling, dropout
+            )
+        else:
+            mask = None
+            if z_query is not None:  # GA, eqs. 6-9, as a (b, i, j) tensor
+                length = layout.length[:, :, None] if layout.length is not None else None
+                mask = granularity_mask(
+                    self.mask_kind,
+                    z_query[:, :, None],
+                    z_key[:, None, :],
+                    length,
+                    layout.distance,
+                    self.config.scope_epsilon,
+                )
+            attention_mask = attention_bias(layout.allowed, None if multiply else mask, query_states.dtype)
+            # the literal eq. 9, or the weights themselves, need the reference path
+            attend = eager_attention_forward if multiply or output_attentions else attention_function(self.config)
+            attn_output, attn_weights = attend(
+                self,
+                query_states,
+                key_states,
+                value_states,
+                attention_mask,
+                scaling=self.scaling,
+                dropout=dropout,
+                **({"multiplier": mask} if multiply else {}),
+            )
         attn_output = attn_output.reshape(*hidden_states.shape[:2], self.embed_dim)
         return self.out_proj(attn_output), attn_weights if output_attentions else None, z_query
 
@@ -636,7 +715,8 @@ class CDNPGEncoder(CDNPGStack):
         if attention_mask is None:
             attention_mask = torch.ones(batch_size, seq_len, device=hidden_states.device)
         # N of eq. 8 is each sentence's own number of real tokens: batch composition never changes an output
-        layout = AttentionLayout.build(attention_mask.bool(), positions, causal=False)
+        materialize = not masks_in_kernel(self.config, output_attentions)
+        layout = AttentionLayout.build(attention_mask.bool(), positions, causal=False, materialize=materialize)
 
         all_hidden, all_attentions, all_z = [], [], []
         for layer in self.layers:
@@ -727,10 +807,9 @@ class CDNPGDecoder(CDNPGStack):
         if encoder_attention_mask is None:
             encoder_attention_mask = torch.ones(encoder_hidden_states.shape[:2], device=device)
         # N of eq. 8 for query i is what query i can see, i + 1: cached decoding equals a full forward
-        self_layout = AttentionLayout.build(key_padding, query_positions, causal=True)
-        cross_layout = AttentionLayout(
-            allowed=encoder_attention_mask.bool()[:, None, None, :], query_positions=query_positions
-        )
+        materialize = not masks_in_kernel(self.config, output_attentions)
+        self_layout = AttentionLayout.build(key_padding, query_positions, causal=True, materialize=materialize)
+        cross_layout = AttentionLayout.cross(encoder_attention_mask.bool(), query_positions, materialize=materialize)
 
         all_hidden, self_attentions, cross_attentions, self_z, cross_z = [], [], [], [], []
         for layer in self.layers:

@@ -18,7 +18,7 @@ def test_resonance_mask_matches_hand_computed_values():
     # (0.5, 0.5): 0.5 * 0   + 0.5 * 1   = 0.5
     z_query = torch.tensor([[0.2, 0.7, 0.5]])
     z_key = torch.tensor([[0.3, 0.1, 0.5]])
-    mask = resonance_mask(z_query, z_key)
+    mask = resonance_mask(z_query[:, :, None], z_key[:, None, :])  # elementwise, broadcast to (b, i, j)
     assert mask.shape == (1, 3, 3)
     assert mask[0, 0, 0].item() == pytest.approx(0.6)
     assert mask[0, 1, 1].item() == pytest.approx(0.34)
@@ -29,7 +29,7 @@ def test_resonance_mask_matches_hand_computed_values():
 
 def test_resonance_mask_binary_limit_is_eq5():
     z = torch.tensor([[0.0, 1.0]])
-    mask = resonance_mask(z, z)[0]
+    mask = resonance_mask(z[:, :, None], z[:, None, :])[0]
     # eq. 5: C_ij = 1 iff z_i = z_j
     assert mask.tolist() == [[1.0, 0.0], [0.0, 1.0]]
 
@@ -38,7 +38,7 @@ def test_scope_mask_matches_hand_computed_values():
     # N = 10, eps = 2, z = 0.5: width = 8 ** 0.5 + 2 = 4.8284; S = clip(width - |i - j|, 0, 1)
     length = torch.full((1, 1), 10.0)
     distance = torch.arange(10.0)[None, :]  # query 0 against keys 0..9
-    scope = scope_mask(torch.tensor([[0.5]]), length, distance, epsilon=2.0)[0, 0]
+    scope = scope_mask(torch.tensor([[[0.5]]]), length[:, :, None], distance, epsilon=2.0)[0, 0]
     assert scope[:4].tolist() == [1.0, 1.0, 1.0, 1.0]
     assert scope[4].item() == pytest.approx(math.sqrt(8) + 2 - 4)
     assert scope[5:].tolist() == [0.0] * 5
@@ -47,7 +47,7 @@ def test_scope_mask_matches_hand_computed_values():
 def test_scope_mask_binary_limit_is_eq7():
     length = torch.full((1, 2), 10.0)
     distance = torch.arange(10.0)[None, :].expand(2, -1)
-    scope = scope_mask(torch.tensor([[0.0, 1.0]]), length, distance, epsilon=2.0)[0]
+    scope = scope_mask(torch.tensor([[[0.0], [1.0]]]), length[:, :, None], distance, epsilon=2.0)[0]
     # z = 0: the whole sentence (width N = 10 covers every distance < 10)
     assert scope[0].tolist() == [1.0] * 10
     # z = 1: only the eps-neighbourhood, |i - j| <= 2 (width 1 + eps = 3)
@@ -59,7 +59,7 @@ def test_scope_mask_is_finite_and_open_for_sentences_shorter_than_epsilon(length
     # (N - eps) < 0 has no real power; every key of such a sentence lies within eps, so S must be 1
     z = torch.tensor([[0.3]], requires_grad=True)
     distance = torch.arange(length)[None, :]
-    scope = scope_mask(z, torch.full((1, 1), length), distance, epsilon=2.0)
+    scope = scope_mask(z[:, :, None], torch.full((1, 1, 1), length), distance, epsilon=2.0)
     assert torch.equal(scope, torch.ones_like(scope))
     scope.sum().backward()
     assert torch.isfinite(z.grad).all()
@@ -69,9 +69,10 @@ def test_granularity_mask_combinations():
     z_query, z_key = torch.rand(2, 5), torch.rand(2, 5)
     length = torch.full((2, 5), 5.0)
     distance = (torch.arange(5.0)[:, None] - torch.arange(5.0)[None, :]).abs()
-    resonance = resonance_mask(z_query, z_key)
-    scope = scope_mask(z_query, length, distance, 2.0)
-    args = (z_query, z_key, length, distance, 2.0)
+    z_i, z_j, n_i = z_query[:, :, None], z_key[:, None, :], length[:, :, None]
+    resonance = resonance_mask(z_i, z_j)
+    scope = scope_mask(z_i, n_i, distance, 2.0)
+    args = (z_i, z_j, n_i, distance, 2.0)
     assert torch.equal(granularity_mask("resonance", *args), resonance)
     assert torch.equal(granularity_mask("scope", *args), scope)
     assert torch.equal(granularity_mask("product", *args), resonance * scope)

@@ -9,6 +9,7 @@ from transformers import AttentionInterface, DynamicCache, EncoderDecoderCache, 
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGModel
+from modeling_cdnpg import modeling_cdnpg as modeling_module
 from modeling_cdnpg.modeling_cdnpg import GranularityCache
 from tests.conftest import MASKS, tiny_model
 from tests.test_hub import PYTHONS, run_isolated
@@ -319,3 +320,27 @@ def test_bert_tokenizer_output_generates_directly_in_a_fresh_process(python, sha
     )
     assert "token_type_ids" in got["keys"], "the paper's tokenizer returns them: that is the case under test"
     assert got["shape"][0] == 2
+
+
+def test_flex_attention_builds_the_granularity_mask_in_its_kernel_and_equals_sdpa(monkeypatch):
+    model = tiny_model(granularity_mask="product")  # resonance and scope both inside the kernel
+    input_ids, attention_mask = batch()
+    decoder_input_ids = torch.randint(3, 60, (3, 6))
+    with torch.no_grad():
+        expected = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
+        model.set_attn_implementation("flex_attention")
+
+        def no_dense_mask(*args, **kwargs):
+            raise AssertionError("flex attention must not build a (b, 1, i, j) mask")
+
+        monkeypatch.setattr(modeling_module, "attention_bias", no_dense_mask)
+        got = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_flex_attention_refuses_attention_dropout_instead_of_ignoring_it():
+    model = tiny_model(attention_dropout=0.1).train()
+    model.set_attn_implementation("flex_attention")
+    input_ids, attention_mask = batch()
+    with pytest.raises(ValueError, match="flex_attention has no attention dropout"):
+        model(input_ids, attention_mask, labels=input_ids)
