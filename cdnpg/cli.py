@@ -4,6 +4,7 @@ z of every layer) for any sentence.
     cdnpg paraphrase --model DIR "how do i learn python ?" "what is the capital of france ?"
     cdnpg paraphrase --model DIR --input questions.txt --output paraphrases.jsonl --num-return-sequences 3
     cdnpg granularity --model DIR "how do i learn python ?" --out figure.png --decoder --show
+    cdnpg convert facebook/bart-base checkpoints/bart-resonance --granularity-mask resonance
 
 Exit codes: 0 success; 1 runtime error (a model or input file that is missing or cannot be loaded, a failure while
 running); 2 usage error (a malformed command line: unknown option, bad value, options that contradict each other,
@@ -269,6 +270,54 @@ def _run_granularity(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# convert
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _check_convert(args: argparse.Namespace) -> str | None:
+    from modeling_cdnpg.configuration_cdnpg import GRANULARITY_MASK_MODES, GRANULARITY_MASKS
+
+    for option, value, allowed in (
+        ("--granularity-mask", args.granularity_mask, GRANULARITY_MASKS),
+        ("--granularity-mask-mode", args.granularity_mask_mode, GRANULARITY_MASK_MODES),
+    ):
+        if value not in allowed:
+            return f"{option} {value!r}: choose one of {', '.join(allowed)}"
+    if Path(args.output).exists() and any(Path(args.output).iterdir()) and not args.overwrite:
+        return f"{args.output} exists and is not empty: choose another folder, or pass --overwrite"
+    return None
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from cdnpg.convert import convert
+    from cdnpg.hub import resolve_model_source, save_checkpoint
+
+    try:
+        resolve_model_source(args.source)
+    except FileNotFoundError as err:
+        raise CLIError(f"SOURCE {err}") from err
+    options = {
+        "granularity_mask": args.granularity_mask,
+        "granularity_mask_mode": args.granularity_mask_mode,
+        "cross_attention_granularity": not args.no_cross_attention_granularity,
+    }
+    model, tokenizer = convert(args.source, **options)
+    summary = (
+        f"Converted from `{args.source}` ({model.config.encoder_layers} + {model.config.decoder_layers} layers, "
+        f"d {model.config.d_model}) with `cdnpg convert`; not trained for paraphrasing yet."
+    )
+    save_checkpoint(model, tokenizer, args.output, training_summary=summary)
+    new = sum(p.numel() for name, p in model.named_parameters() if "granularity_head" in name)
+    logger.info(
+        "wrote %s (%s parameters, %s of them new granularity heads)",
+        args.output,
+        f"{model.num_parameters():,}",
+        f"{new:,}",
+    )
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Parser and entry point
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -335,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="cdnpg",
-        description="C-DNPG (Gu et al., COLING 2022): paraphrase generation and granularity figures.",
+        description="C-DNPG (Gu et al., COLING 2022): paraphrase generation, granularity figures, warm starts.",
         epilog="Exit codes: 0 ok, 1 runtime error, 2 usage error. See docs/cli.md.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -385,6 +434,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gran.add_argument("--show", action="store_true", help="print a words x layers table of z to stdout")
     gran.set_defaults(check=_check_granularity, run=_run_granularity, parser=gran)
+
+    conv = commands.add_parser(
+        "convert",
+        help="put GA-attention on a pretrained BART or BERT-family checkpoint",
+        description="Convert a BartForConditionalGeneration or a BERT-family encoder (encoder and decoder both from "
+        "it, bert2bert) into a C-DNPG checkpoint: every pretrained weight is kept, the granularity heads are new "
+        "(started at z = 0.5, so that a resonance model starts as the pretrained one). See docs/warm_start.md.",
+    )
+    conv.add_argument("source", metavar="SOURCE", help="checkpoint folder or Hub repo id (owner/name)")
+    conv.add_argument("output", metavar="OUTPUT", help="folder to write the C-DNPG checkpoint to")
+    conv.add_argument(
+        "--granularity-mask", "--granularity_mask", default="resonance", metavar="MASK",
+        help="eq. 9 mask: resonance (default), scope, product, mean, or none (the plain pretrained model)",
+    )  # fmt: skip
+    conv.add_argument(
+        "--granularity-mask-mode", "--granularity_mask_mode", default="log_bias", metavar="MODE",
+        help="how the mask enters attention: log_bias (default) or multiply",
+    )  # fmt: skip
+    conv.add_argument(
+        "--no-cross-attention-granularity", action="store_true", help="no resonance mask in cross-attention"
+    )
+    conv.add_argument("--overwrite", action="store_true", help="write into a non-empty OUTPUT folder")
+    conv.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors")
+    conv.set_defaults(check=_check_convert, run=_run_convert, parser=conv)
     return parser
 
 

@@ -1,0 +1,247 @@
+"""Warm starts: a BART checkpoint or a BERT-family encoder becomes a C-DNPG checkpoint whose pretrained weights map
+1:1 (cdnpg.convert, `cdnpg convert`). Tiny random checkpoints are saved locally: nothing is downloaded."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    BartConfig,
+    BartForConditionalGeneration,
+    BertConfig,
+    BertModel,
+    BertTokenizer,
+    GenerationConfig,
+    GPT2Config,
+    GPT2Model,
+)
+
+from cdnpg.convert import GRANULARITY_INIT_STD, convert, from_bart, from_bert
+from modeling_cdnpg import CDNPGForConditionalGeneration
+from tests.test_modeling import batch as padded_batch
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz", "the", "how", "is", "?", "cat"]
+CLS, SEP = 2, 3
+TOLERANCE = 1e-5  # float32 reassociation between two implementations of the same arithmetic
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded sentences in the tiny vocabulary."""
+    input_ids, attention_mask = padded_batch()
+    return input_ids.clamp(max=len(VOCAB) - 1), attention_mask
+
+
+def targets(*shape: int) -> torch.Tensor:
+    return torch.randint(len(VOCAB) // 2, len(VOCAB), shape)
+
+
+def tiny_bart(seed: int = 0) -> BartForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = BartConfig(
+        vocab_size=len(VOCAB),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=48,
+        decoder_ffn_dim=48,
+        max_position_embeddings=64,
+        scale_embedding=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=None,
+    )
+    return BartForConditionalGeneration(config).eval()
+
+
+def tiny_bert(seed: int = 0) -> BertModel:
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
+    model = BertModel(config, add_pooling_layer=False).eval()
+    with torch.no_grad():  # a non-zero segment-0 embedding, so that folding it into the positions is tested
+        model.embeddings.token_type_embeddings.weight.normal_(0, 0.5)
+    return model
+
+
+def save_with_tokenizer(model, folder):
+    """The checkpoint and a tokenizer of its vocabulary, as `convert` expects from a folder."""
+    model.save_pretrained(folder)
+    BertTokenizer(vocab={word: index for index, word in enumerate(VOCAB)}).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def bart_dir(tmp_path):
+    return save_with_tokenizer(tiny_bart(), tmp_path / "bart")
+
+
+@pytest.fixture
+def bert_dir(tmp_path):
+    return save_with_tokenizer(tiny_bert(), tmp_path / "bert")
+
+
+def decoding(num_beams: int) -> GenerationConfig:
+    return GenerationConfig(
+        num_beams=num_beams,
+        max_new_tokens=6,
+        min_new_tokens=6,
+        decoder_start_token_id=2,
+        pad_token_id=0,
+        eos_token_id=2,
+    )
+
+
+@pytest.mark.parametrize("mask", ["none", "resonance"])
+def test_converted_bart_gives_barts_logits_and_generations(mask):
+    """`none` has no new parameter; `resonance` starts at z = 0.5, a constant per-row bias that leaves the softmax
+    unchanged: both give BART's outputs."""
+    bart = tiny_bart()
+    model = from_bart(bart, granularity_mask=mask)
+    input_ids, attention_mask = batch()
+    decoder_input_ids = targets(3, 5)
+    with torch.no_grad():
+        expected = bart(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
+        got = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
+    torch.testing.assert_close(got, expected, atol=TOLERANCE, rtol=0)
+    for num_beams in (1, 4):
+        config = decoding(num_beams)
+        want = bart.generate(input_ids, attention_mask=attention_mask, generation_config=config)
+        assert torch.equal(model.generate(input_ids, attention_mask=attention_mask, generation_config=config), want)
+
+
+def test_every_bart_weight_maps_one_to_one_and_only_granularity_heads_are_new():
+    bart = tiny_bart()
+    model = from_bart(bart, granularity_mask="product")
+    bart_state = bart.state_dict()
+    new = []
+    for name, tensor in model.state_dict().items():
+        if name in bart_state:
+            assert torch.equal(tensor, bart_state[name]), name
+        else:
+            new.append(name)
+    assert new and all("granularity_head" in name for name in new)
+    assert set(bart_state) - set(model.state_dict()) == {"final_logits_bias"}
+
+
+def test_resonance_heads_start_near_one_half_and_receive_a_gradient():
+    model = from_bart(tiny_bart(), granularity_mask="resonance").train()
+    input_ids, attention_mask = batch()
+    out = model(input_ids, attention_mask, labels=targets(3, 5), output_granularities=True)
+    z = torch.cat([g.flatten() for g in out.encoder_granularities + out.decoder_granularities])
+    assert (z - 0.5).abs().max() < 1e-4
+    out.loss.backward()
+    for name, parameter in model.named_parameters():
+        if "granularity_head.proj.weight" in name:
+            assert parameter.grad.abs().max() > 1e-7, name
+
+
+def test_z_of_exactly_one_half_is_a_saddle_that_would_never_learn():
+    """Why warm-started heads are not exactly zero (cdnpg.convert's docstring): with W_G = 0 the mask's gradient
+    with respect to z vanishes, and the heads stay at zero whatever the loss."""
+    model = from_bart(tiny_bart(), granularity_mask="resonance").train()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "granularity_head" in name:
+                parameter.zero_()
+    input_ids, attention_mask = batch()
+    model(input_ids, attention_mask, labels=targets(3, 5)).loss.backward()
+    grads = [p.grad for name, p in model.named_parameters() if "granularity_head.proj.weight" in name]
+    assert all(torch.equal(grad, torch.zeros_like(grad)) for grad in grads)
+    assert GRANULARITY_INIT_STD > 0
+
+
+def test_scope_cannot_start_as_the_pretrained_model():
+    """Documented: the scope mask is local by construction, so its converted model differs from BART at step 0."""
+    bart, input_ids = tiny_bart(), targets(1, 12)
+    model = from_bart(bart, granularity_mask="scope")
+    with torch.no_grad():
+        expected = bart(input_ids, decoder_input_ids=input_ids).logits
+        got = model(input_ids, decoder_input_ids=input_ids).logits
+    assert (got - expected).abs().max() > 1e-3
+
+
+def test_converted_bert_encoder_gives_bertmodels_hidden_states():
+    bert = tiny_bert()
+    model = from_bert(bert, CLS, SEP, granularity_mask="none")
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        expected = bert(input_ids, attention_mask=attention_mask).last_hidden_state
+        got = model.get_encoder()(input_ids, attention_mask).last_hidden_state
+    real = attention_mask.bool()  # BERT's padded positions hold values nothing reads
+    torch.testing.assert_close(got[real], expected[real], atol=TOLERANCE, rtol=0)
+
+
+def test_bert_layers_initialise_both_stacks_and_cross_attention_is_new():
+    bert = tiny_bert()
+    model = from_bert(bert, CLS, SEP, granularity_mask="resonance")
+    layer = bert.encoder.layer[1]
+    for stack in (model.model.encoder, model.model.decoder):
+        assert torch.equal(stack.layers[1].self_attn.q_proj.weight, layer.attention.self.query.weight)
+        assert torch.equal(stack.layers[1].fc2.bias, layer.output.dense.bias)
+        assert torch.equal(stack.layers[1].final_layer_norm.weight, layer.output.LayerNorm.weight)
+    cross = model.model.decoder.layers[1].encoder_attn
+    assert not torch.equal(cross.q_proj.weight, layer.attention.self.query.weight)
+    assert cross.q_proj.weight.std().item() == pytest.approx(bert.config.initializer_range, rel=0.3)
+    assert torch.equal(cross.q_proj.bias, torch.zeros_like(cross.q_proj.bias))
+    assert model.lm_head.weight is model.model.shared.weight
+    assert (model.config.bos_token_id, model.config.eos_token_id, model.config.decoder_start_token_id) == (
+        CLS,
+        SEP,
+        CLS,
+    )
+
+
+@pytest.mark.parametrize("source", ["bart_dir", "bert_dir"])
+def test_convert_reads_a_folder_and_the_checkpoint_loads_with_the_auto_classes(source, request, tmp_path):
+    folder = request.getfixturevalue(source)
+    model, tokenizer = convert(folder, granularity_mask="resonance")
+    assert len(tokenizer) == len(VOCAB)
+    model.save_pretrained(tmp_path / "converted")
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "converted")
+    assert type(loaded) is CDNPGForConditionalGeneration
+    assert loaded.config.granularity_mask == "resonance"
+    assert loaded.config.layernorm_embedding
+
+
+def test_convert_refuses_a_folder_without_its_tokenizer(tmp_path):
+    tiny_bart().save_pretrained(tmp_path / "bare")
+    with pytest.raises(ValueError, match="its tokenizer has 5 tokens for a vocabulary of"):
+        convert(tmp_path / "bare")
+
+
+def test_convert_refuses_other_architectures_naming_what_it_takes(tmp_path):
+    GPT2Model(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match=r"'gpt2' checkpoint; cdnpg converts bart and bert"):
+        convert(tmp_path / "gpt2")
+
+
+def test_cdnpg_convert_command_writes_a_complete_checkpoint(bert_dir, tmp_path):
+    output = tmp_path / "bert-resonance"
+    command = [sys.executable, "-m", "cdnpg.cli", "convert", str(bert_dir), str(output), "--granularity_mask", "scope"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "granularity heads" in completed.stderr
+    assert json.loads((output / "config.json").read_text())["granularity_mask"] == "scope"
+    assert {"model.safetensors", "tokenizer.json", "README.md", "modeling_cdnpg.py"} <= {
+        p.name for p in output.iterdir()
+    }
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "--overwrite" in again.stderr, (
+        "an existing checkpoint is not overwritten silently"
+    )
+    bad = subprocess.run([*command[:-1], "sideways", "--overwrite"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "resonance, scope, product, mean, none" in bad.stderr
