@@ -199,17 +199,21 @@ def eager_attention_forward(
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def attention_function(config: CDNPGConfig) -> Callable:
-    """The backend `config._attn_implementation` names, from transformers' registry (so that
-    `model.set_attn_implementation` switches it at run time). Backends that take no additive mask are refused:
-    running them would silently drop the granularity term."""
-    implementation = config._attn_implementation or "eager"  # None: a module built outside a PreTrainedModel
+def check_attention_backend(implementation: str) -> None:
+    """Refuse a backend that takes no additive mask: running it would silently drop the granularity term."""
     if "flash" in implementation or implementation.startswith("paged"):
         raise ValueError(
             f"attn_implementation={implementation!r} cannot run C-DNPG: GA-attention adds the granularity mask "
             "log M (eq. 9) to the attention logits, and this backend takes no additive mask. Use 'sdpa' (default), "
             "'eager' or 'flex_attention'."
         )
+
+
+def attention_function(config: CDNPGConfig) -> Callable:
+    """The backend `config._attn_implementation` names, from transformers' registry (so that
+    `model.set_attn_implementation` switches it at run time)."""
+    implementation = config._attn_implementation or "eager"  # None: a module built outside a PreTrainedModel
+    check_attention_backend(implementation)
     if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # transformers 5.x
         return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
     return eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
@@ -618,6 +622,15 @@ class CDNPGPreTrainedModel(PreTrainedModel):
         if push_to_hub:  # from the final folder, not the staging one, whose name would become the repo id
             hub_kwargs = {key: kwargs[key] for key in ("commit_message", "private", "token") if key in kwargs}
             self.push_to_hub(kwargs.get("repo_id", Path(save_directory).name), **hub_kwargs)
+
+    def set_attn_implementation(self, attn_implementation: str | dict, *args, **kwargs) -> None:
+        """`PreTrainedModel.set_attn_implementation`, refusing backends that would drop the granularity term with
+        the reason (transformers' own refusal says only that they are not supported "yet")."""
+        for implementation in (
+            attn_implementation.values() if isinstance(attn_implementation, dict) else [attn_implementation]
+        ):
+            check_attention_backend(implementation)
+        super().set_attn_implementation(attn_implementation, *args, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):

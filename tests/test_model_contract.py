@@ -211,7 +211,10 @@ def test_attention_backend_switches_at_run_time_and_receives_the_granularity_bia
 
 def test_a_backend_without_an_additive_mask_is_refused_rather_than_dropping_the_granularity_term():
     model = tiny_model()
-    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match=r"flash_attention_2.*additive mask.*'sdpa'"):
+        model.set_attn_implementation("flash_attention_2")
+    assert model.config._attn_implementation == "sdpa"
+    model.config._attn_implementation = "flash_attention_2"  # set behind the model's back: refused at the call
     input_ids, attention_mask = batch()
     with pytest.raises(ValueError, match=r"flash_attention_2.*additive mask.*'sdpa'"):
         model(input_ids, attention_mask, decoder_input_ids=input_ids)
