@@ -24,7 +24,7 @@ from huggingface_hub.utils import validate_repo_id
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-CARD_METRICS = {  # metrics.json key -> (model-index type, display name)
+CARD_METRICS = {  # test metric (all_results.json's test_<key>) -> (model-index type, display name)
     "ibleu": ("ibleu", "iBLEU (true, α = 0.8)"),
     "ibleu_paper": ("ibleu_paper", "iBLEU as in the paper's Table 2"),
     "bleu2": ("bleu", "BLEU-2"),

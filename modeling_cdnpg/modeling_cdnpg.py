@@ -617,6 +617,9 @@ class CDNPGPreTrainedModel(PreTrainedModel):
         """`PreTrainedModel.save_pretrained` (weights, config, generation config, and the remote code with its
         `auto_map`), made atomic by `staged_directory`: a save that fails half-way leaves an earlier checkpoint in
         `save_directory` as it was."""
+        if not kwargs.get("is_main_process", True):  # other ranks of a distributed run write nothing: no staging,
+            super().save_pretrained(save_directory, *args, **kwargs)  # whose clean-up would remove rank 0's files
+            return
         with staged_directory(save_directory) as staging:
             super().save_pretrained(staging, *args, **kwargs)
         if push_to_hub:  # from the final folder, not the staging one, whose name would become the repo id

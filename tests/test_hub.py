@@ -266,9 +266,7 @@ def test_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(model, t
 
 
 def test_trainer_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(tmp_path, monkeypatch):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-    monkeypatch.setattr(sys, "path", sys.path)
-    from run import main
+    from cdnpg.training import main
 
     repo_id = "someone/cdnpg-trained"
     args = [

@@ -22,9 +22,7 @@ as soon as training ends: a later failure (scoring, model card, push) says what 
 Everything here is the installed `cdnpg.training` package; this file is its command line.
 """
 
-from cdnpg.training import cli, main
-
-__all__ = ["main"]
+from cdnpg.training import cli
 
 if __name__ == "__main__":
     cli()
