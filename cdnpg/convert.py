@@ -38,14 +38,15 @@ GRANULARITY_INIT_STD = 1e-6  # W_G at warm start: z = 0.5 up to ~1e-5, off the s
 SOURCE_TYPES = ("bart", "bert")  # model_type of the checkpoints `convert` takes
 
 
-def from_bart(bart: BartForConditionalGeneration, **granularity) -> CDNPGForConditionalGeneration:
-    """C-DNPG with BART's architecture and weights; `granularity` sets the GA options (granularity_mask, ...)."""
+def from_bart(bart: BartForConditionalGeneration, **overrides) -> CDNPGForConditionalGeneration:
+    """C-DNPG with BART's architecture and weights; `overrides` set config fields such as the GA options
+    (granularity_mask, granularity_mask_mode, ...) or the dropout."""
     from modeling_cdnpg import CDNPGConfig, CDNPGForConditionalGeneration
 
     source = bart.config
     if not torch.equal(bart.final_logits_bias, torch.zeros_like(bart.final_logits_bias)):
         raise ValueError("this BART checkpoint has a non-zero final_logits_bias, which C-DNPG's LM head does not have")
-    config = CDNPGConfig(
+    fields = dict(
         vocab_size=source.vocab_size,
         d_model=source.d_model,
         encoder_layers=source.encoder_layers,
@@ -67,20 +68,21 @@ def from_bart(bart: BartForConditionalGeneration, **granularity) -> CDNPGForCond
         eos_token_id=source.eos_token_id,
         decoder_start_token_id=source.decoder_start_token_id,
         tie_word_embeddings=source.tie_word_embeddings,
-        **granularity,
     )
+    config = CDNPGConfig(**{**fields, **overrides})
     state = {name: tensor for name, tensor in bart.state_dict().items() if name != "final_logits_bias"}
     return _load_pretrained(CDNPGForConditionalGeneration(config), state)
 
 
-def from_bert(bert: BertModel, cls_token_id: int, sep_token_id: int, **granularity) -> CDNPGForConditionalGeneration:
-    """bert2bert: encoder and decoder from the same BERT-family encoder; [CLS] starts decoding, [SEP] ends it."""
+def from_bert(bert: BertModel, cls_token_id: int, sep_token_id: int, **overrides) -> CDNPGForConditionalGeneration:
+    """bert2bert: encoder and decoder from the same BERT-family encoder; [CLS] starts decoding, [SEP] ends it.
+    `overrides` set config fields, as for `from_bart`."""
     from modeling_cdnpg import CDNPGConfig, CDNPGForConditionalGeneration
 
     source = bert.config
     if getattr(source, "position_embedding_type", "absolute") != "absolute":
         raise ValueError(f"position_embedding_type {source.position_embedding_type!r}: C-DNPG has absolute positions")
-    config = CDNPGConfig(
+    fields = dict(
         vocab_size=source.vocab_size,
         d_model=source.hidden_size,
         encoder_layers=source.num_hidden_layers,
@@ -100,8 +102,8 @@ def from_bert(bert: BertModel, cls_token_id: int, sep_token_id: int, **granulari
         bos_token_id=cls_token_id,
         eos_token_id=sep_token_id,
         decoder_start_token_id=cls_token_id,
-        **granularity,
     )
+    config = CDNPGConfig(**{**fields, **overrides})
     weights = bert.state_dict()
     embeddings = {
         "embed_positions.weight": weights["embeddings.position_embeddings.weight"]
@@ -150,8 +152,9 @@ def _load_pretrained(model: CDNPGForConditionalGeneration, state: dict[str, torc
     return model.eval()
 
 
-def convert(source: str | os.PathLike, **granularity) -> tuple[CDNPGForConditionalGeneration, PreTrainedTokenizerBase]:
-    """The C-DNPG version of a BART or BERT-family checkpoint (a folder or a Hub id), and its tokenizer."""
+def convert(source: str | os.PathLike, **overrides) -> tuple[CDNPGForConditionalGeneration, PreTrainedTokenizerBase]:
+    """The C-DNPG version of a BART or BERT-family checkpoint (a folder or a Hub id), and its tokenizer; `overrides`
+    set config fields (the GA options, dropout)."""
     from transformers import AutoConfig, AutoTokenizer, BartForConditionalGeneration, BertModel
 
     from cdnpg.hub import resolve_model_source
@@ -169,9 +172,9 @@ def convert(source: str | os.PathLike, **granularity) -> tuple[CDNPGForCondition
             "checkpoint's own tokenizer files (tokenizer.json, vocab.txt, ...) in the folder"
         )
     if config.model_type == "bart":
-        return from_bart(BartForConditionalGeneration.from_pretrained(name), **granularity), tokenizer
+        return from_bart(BartForConditionalGeneration.from_pretrained(name), **overrides), tokenizer
     bert = BertModel.from_pretrained(name, add_pooling_layer=False)
-    return from_bert(bert, tokenizer.cls_token_id, tokenizer.sep_token_id, **granularity), tokenizer
+    return from_bert(bert, tokenizer.cls_token_id, tokenizer.sep_token_id, **overrides), tokenizer
 
 
 __all__ = ["GRANULARITY_INIT_STD", "convert", "from_bart", "from_bert"]

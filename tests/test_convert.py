@@ -245,3 +245,32 @@ def test_cdnpg_convert_command_writes_a_complete_checkpoint(bert_dir, tmp_path):
     )
     bad = subprocess.run([*command[:-1], "sideways", "--overwrite"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "resonance, scope, product, mean, none" in bad.stderr
+
+
+def test_training_warm_starts_from_a_bert_checkpoint_on_the_fly(bert_dir, tmp_path):
+    from cdnpg.training import main
+
+    files = {}
+    for split in ("train", "valid"):
+        files[split] = tmp_path / f"{split}.jsonl"
+        rows = [{"source": "how is the cat ?", "target": "is the cat how ?"}] * 16
+        files[split].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    output = tmp_path / "run"
+    argv = ["--init_from", str(bert_dir), "--granularity_mask", "resonance", "--output_dir", str(output)]
+    argv += ["--train_file", str(files["train"]), "--validation_file", str(files["valid"])]
+    argv += ["--do_train", "--max_steps", "2", "--eval_strategy", "no", "--save_strategy", "no"]
+    main([*argv, "--load_best_model_at_end", "False", "--report_to", "none"])
+    trained = AutoModelForSeq2SeqLM.from_pretrained(output)
+    assert trained.config.granularity_mask == "resonance" and trained.config.layernorm_embedding
+    assert trained.config.d_model == 32 and trained.config.decoder_start_token_id == CLS
+
+
+def test_warm_start_refuses_size_flags_and_a_second_checkpoint(bert_dir):
+    from cdnpg.training.arguments import UsageError, parse_args
+
+    with pytest.raises(UsageError, match=r"--d_model: --init_from .* brings its own sizes"):
+        parse_args(["--init_from", str(bert_dir), "--d_model", "64"])
+    with pytest.raises(UsageError, match="--init_from converts another: give one"):
+        parse_args(["--init_from", str(bert_dir), "--model_name_or_path", str(bert_dir)])
+    with pytest.raises(UsageError, match="--init_from ./missing/bert: no such model directory"):
+        parse_args(["--init_from", "./missing/bert"])

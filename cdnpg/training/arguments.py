@@ -43,6 +43,13 @@ ARCHITECTURE_FLAGS = {
     "ffn_dim": ("encoder_ffn_dim", "decoder_ffn_dim"),
     "dropout": ("dropout", "attention_dropout"),
 }
+WARM_START_FLAGS = (
+    "granularity_mask",
+    "granularity_mask_mode",
+    "cross_attention_granularity",
+    "scope_epsilon",
+    "dropout",
+)
 
 
 class UsageError(ValueError):
@@ -58,7 +65,14 @@ class ModelArguments:
     """The C-DNPG architecture (None: CDNPGConfig's default, the paper's) or an existing checkpoint to fine-tune."""
 
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Fine-tune this checkpoint instead of training a new model."}
+        default=None, metadata={"help": "Fine-tune this C-DNPG checkpoint instead of training a new model."}
+    )
+    init_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "Warm start from a BART or BERT-family checkpoint (folder or Hub id), converted on the fly as "
+            "`cdnpg convert` does; the GA flags and --dropout apply, its tokenizer is used (docs/warm_start.md)."
+        },
     )
     granularity_mask: str | None = field(
         default=None,
@@ -106,16 +120,24 @@ class ModelArguments:
 
     def __post_init__(self):
         given = [f"--{name}" for name in ARCHITECTURE_FLAGS if getattr(self, name) is not None]
+        if self.model_name_or_path and self.init_from:
+            raise UsageError(
+                "--model_name_or_path fine-tunes a C-DNPG checkpoint, --init_from converts another: give one"
+            )
         if self.model_name_or_path and given:
             raise UsageError(
                 f"{', '.join(given)} set the architecture of a new model, but --model_name_or_path "
                 f"{self.model_name_or_path} keeps its own: give one or the other"
             )
-        if self.model_name_or_path:  # at once, not after the data is loaded or the Hub retried for half a minute
-            try:
-                self.model_name_or_path = resolve_model_source(self.model_name_or_path)
-            except FileNotFoundError as error:
-                raise UsageError(str(error)) from error
+        sizes = [flag for flag in given if flag.removeprefix("--") not in WARM_START_FLAGS]
+        if self.init_from and sizes:
+            raise UsageError(f"{', '.join(sizes)}: --init_from {self.init_from} brings its own sizes")
+        for name in ("model_name_or_path", "init_from"):  # at once, not after the data is loaded or the Hub retried
+            if getattr(self, name):
+                try:
+                    setattr(self, name, resolve_model_source(getattr(self, name)))
+                except FileNotFoundError as error:
+                    raise UsageError(f"--{name} {error}") from error
         CDNPGConfig(**self.config_overrides())  # fail now, naming the field, rather than after loading the data
 
     def config_overrides(self) -> dict[str, object]:

@@ -24,6 +24,7 @@ from transformers import (
     set_seed,
 )
 
+from cdnpg.convert import convert
 from cdnpg.data import (
     load_pair_files,
     load_tokenizer,
@@ -134,8 +135,10 @@ def prepare_data(
         corpus = load_pairs(data_args)
         logger.info("Splits: %s", {split: len(rows) for split, rows in corpus.items()})
         tokenizer_dir = Path(training_args.output_dir) / "tokenizer"
-        if model_args.tokenizer_name or model_args.model_name_or_path:
-            tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
+        if model_args.tokenizer_name or model_args.model_name_or_path or model_args.init_from:
+            tokenizer = load_tokenizer(
+                model_args.tokenizer_name or model_args.model_name_or_path or model_args.init_from
+            )
         elif training_args.process_index == 0 and not tokenizer_dir.is_dir():
             texts = [*corpus["train"]["source"], *corpus["train"]["target"]]
             tokenizer = train_wordpiece_tokenizer(texts, vocab_size=model_args.vocab_size)
@@ -165,8 +168,12 @@ def build_config(args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> CD
 
 
 def build_model(args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> CDNPGForConditionalGeneration:
+    """The checkpoint to fine-tune, the pretrained one converted (warm start), or a new model."""
     if args.model_name_or_path:
         return CDNPGForConditionalGeneration.from_pretrained(args.model_name_or_path)
+    if args.init_from:
+        model, _ = convert(args.init_from, **args.config_overrides())
+        return model.train()
     return CDNPGForConditionalGeneration(build_config(args, tokenizer))
 
 
