@@ -95,13 +95,23 @@ def test_identical_sentences_get_method7_bleu_full_rouge_and_one_chunk_meteor(me
     assert scores["ibleu"] == pytest.approx(0.8 * IDENTICAL_BLEU4 - 0.2 * IDENTICAL_BLEU4)
     # The released code's self reference is list("how") = h, o, w: no such one-letter token here, so 0.
     assert scores["ibleu_paper"] == pytest.approx(0.8 * IDENTICAL_BLEU4)
+    assert scores["copy_rate"] == 100.0
+
+
+def test_copy_rate_is_the_share_of_predictions_equal_to_their_source_after_normalisation(metric) -> None:
+    scores = metric.compute(
+        predictions=["What's the time?", "what is the time ?", "how old are you ?", "how old are you"],
+        references=["what time is it ?"] * 4,
+        sources=["what ' s the time ?", "what ' s the time ?", "how old are you ?", "how old are you ?"],
+    )
+    assert scores["copy_rate"] == pytest.approx(50.0)  # the first (same tokens, other spelling) and the third
 
 
 def test_disjoint_sentences_score_zero(metric) -> None:
     scores = metric.compute(
         predictions=["apples are red"], references=["the sky looks blue today"], sources=["cats sleep"]
     )
-    assert len(scores) == 9
+    assert len(scores) == 10
     assert scores == pytest.approx(dict.fromkeys(scores, 0.0))
 
 
@@ -179,7 +189,7 @@ def test_meteor_gives_credit_for_a_wordnet_synonym(metric) -> None:
 
 def test_empty_prediction_scores_zero_without_crashing(metric) -> None:
     scores = metric.compute(predictions=[""], references=["how can i lose weight ?"], sources=["what is a diet ?"])
-    assert len(scores) == 9
+    assert len(scores) == 10
     assert scores == pytest.approx(dict.fromkeys(scores, 0.0))
     mixed = metric.compute(predictions=["", "a b c d e"], references=["x y", "a b c d e"])
     assert mixed["rougeL"] == pytest.approx(50.0)

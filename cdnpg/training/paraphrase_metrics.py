@@ -48,6 +48,8 @@ Metrics (keys of the returned dict)
         copies its input.
     ``self_bleu4``
         BLEU-4(pred, source), averaged: how much the prediction copies the input. Needs ``sources``.
+    ``copy_rate``
+        The share (in %) of predictions whose tokens equal their source's: exact copies. Needs ``sources``.
     ``rougeL``
         ROUGE-L as defined by pycocoevalcap's ``Rouge`` (the released code copied it): with ``lcs`` the length of
         the longest common token subsequence, ``prec = lcs / len(pred)``, ``rec = lcs / len(ref)`` and
@@ -123,7 +125,7 @@ BLEU2_WEIGHTS = (0.5, 0.5, 0.0, 0.0)
 BLEU4_WEIGHTS = (0.25, 0.25, 0.25, 0.25)
 IBLEU_ALPHA = 0.8
 ROUGE_BETA = 1.2
-SOURCE_KEYS = ("ibleu", "ibleu_paper", "self_bleu4", "sacrebleu_self")
+SOURCE_KEYS = ("ibleu", "ibleu_paper", "self_bleu4", "sacrebleu_self", "copy_rate")
 WORDNET_MISSING = (
     "METEOR needs NLTK's WordNet corpus, which was not found on NLTK's data path ({path}). Install it without "
     "internet access from Debian's WordNet 3.0 packages:\n"
@@ -224,6 +226,7 @@ def paraphrase_scores(predictions: list[str], references: list[str], sources: li
         scores["ibleu"] = 100 * float(np.mean(IBLEU_ALPHA * bleu4s - (1 - IBLEU_ALPHA) * self_bleu4s))
         scores["ibleu_paper"] = 100 * float(np.mean(IBLEU_ALPHA * bleu4s - (1 - IBLEU_ALPHA) * paper_self))
         scores["self_bleu4"] = 100 * float(self_bleu4s.mean())
+        scores["copy_rate"] = 100 * float(np.mean([h == s for h, s in zip(hyps, srcs)]))
         corpus_self = sacrebleu.corpus_bleu([" ".join(h) for h in hyps], [[" ".join(s) for s in srcs]])
         scores["sacrebleu_self"] = float(corpus_self.score)
     return scores
