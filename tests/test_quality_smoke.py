@@ -56,3 +56,33 @@ def test_quality_quick_scores_every_model(tmp_path):
     predictions = [json.loads(line) for line in (out / "copy-source" / "predictions.jsonl").read_text().splitlines()]
     assert len(predictions) == results["config"]["max_test_samples"]
     assert all(row["prediction"] == row["source"] for row in predictions)
+
+
+@pytest.mark.slow
+def test_quality_quick_warm_starts_and_scores_an_extra_test_set(tmp_path):
+    from tests.test_convert import save_with_tokenizer, tiny_bert
+
+    bert = save_with_tokenizer(tiny_bert(), tmp_path / "bert")
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(
+        "".join(json.dumps({"source": f"how is the cat {i} ?", "target": "is the cat ?"}) + "\n" for i in range(5))
+    )
+    out = tmp_path / "quality"
+    command = [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--max_steps", "4"]
+    command += ["--variants", "none", "--no_bart", "--init_from", str(bert), "--warm_variants", "resonance"]
+    command += ["--extra_test", f"tiny={extra}", "--output_dir", str(out)]
+    completed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "| warm start, resonance |" in completed.stdout and "tiny:" in completed.stdout
+
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["models"]) == ["warm-resonance", "none", "copy-source"]
+    warm = results["models"]["warm-resonance"]["runs"][0]
+    assert warm["steps"] == 4 and warm["train_s_per_step"] > 0
+    config = json.loads((out / "warm-resonance-seed0" / "config.json").read_text())
+    assert config["granularity_mask"] == "resonance" and config["d_model"] == 32 and config["layernorm_embedding"]
+    for name, entry in results["models"].items():
+        scores = entry["runs"][0]["extra"]["tiny"]
+        assert math.isfinite(scores["ibleu"]) and 0 <= scores["copy_rate"] <= 100, name
+    assert results["models"]["copy-source"]["runs"][0]["extra"]["tiny"]["copy_rate"] == 100.0
+    assert len((out / "warm-resonance-seed0" / "predictions-tiny.jsonl").read_text().splitlines()) == 5
