@@ -14,6 +14,12 @@ What is compared, at every sequence length L (source and target both L tokens, r
 - beam search (num_beams 8, min_new_tokens = max_new_tokens, so every run decodes the same number of steps) with
   `use_cache=False` / with the cache, i.e. the cache's speed-up, with a target;
 - the SDPA path / the eager path (an identical copy built with `attn_implementation="eager"`), training step;
+- beam search with a static cache and the decoding step compiled (`cache_implementation="static"`, torch.compile
+  with fullgraph=True) / the same with the dynamic cache, eager; and / BART doing the same (`--static-variants`);
+- the inference forward pass with flex attention, which computes the granularity mask inside its kernel / the same
+  with SDPA and a (b, 1, i, j) mask, time and peak memory (`--flex-variants`, the "forward" part);
+- a training step of a warm-started model (all-MiniLM-L6-v2's dimensions: 6 + 6 layers, d 384, 12 heads, GELU,
+  embedding LayerNorm) / BART of the same size, with a target (`--warm-variants`);
 - peak memory of each (see `peak_memory`).
 
 Every model a comparison names is built, also where `--variants` leaves it out (the SDPA / eager and cache
@@ -56,13 +62,14 @@ from pathlib import Path
 import torch
 import transformers
 from torch.profiler import ProfilerActivity, profile
-from transformers import GenerationConfig
+from transformers import CompileConfig, GenerationConfig
 
 from cdnpg.training import bart_like
 from modeling_cdnpg import GRANULARITY_MASKS, CDNPGConfig, CDNPGForConditionalGeneration, GranularityHead
 from modeling_cdnpg.modeling_cdnpg import CDNPGAttention
 
 GA_VARIANTS = tuple(mask for mask in GRANULARITY_MASKS if mask != "none")
+PARTS = ("train", "generate", "forward")  # what is timed, in this order at each length
 BART = "bart"
 # The paper's model is CDNPGConfig's defaults (with bert-base-uncased's vocabulary and special ids); --quick shrinks it.
 PAPER_MODEL: dict[str, int] = {}
@@ -82,15 +89,31 @@ TARGETS = {  # target name -> (comparison, bound, what is bounded)
     "train_ga_vs_none": ("<=", 1.10, "GA / none"),
     "train_none_vs_bart": ("<=", 1.05, "none / BART"),
     "gen_cache_speedup": (">=", 3.0, "no cache / cache"),
+    "train_warm_vs_bart": ("<=", 1.15, "warm start / BART"),
 }
+# A warm-started model (cdnpg convert of all-MiniLM-L6-v2): its dimensions, for the "minilm:" runners
+MINILM_MODEL = dict(
+    d_model=384,
+    encoder_layers=6,
+    decoder_layers=6,
+    encoder_attention_heads=12,
+    decoder_attention_heads=12,
+    encoder_ffn_dim=1536,
+    decoder_ffn_dim=1536,
+    activation_function="gelu",
+    layernorm_embedding=True,
+    layer_norm_eps=1e-12,
+)
+WARM = "minilm:"  # runner prefix: the model with MINILM_MODEL's dimensions
 
 
 @dataclass(frozen=True)
 class Comparison:
     """One measured ratio: runner `numerator` / runner `denominator`, both timed in the same `part` rounds.
 
-    Runner names say which model runs how: "product" (SDPA) or "product@eager" in training, "product+cache" or
-    "product-cache" (use_cache=False) in beam search; "bart" is transformers' BART of the same size.
+    Runner names say which model runs how: "product" (SDPA) or "product@eager" in training and the forward pass,
+    "product+cache", "product-cache" (use_cache=False) or "product+static" (static cache, compiled decoding step) in
+    beam search; "bart" is transformers' BART of the same size, and "minilm:..." a model of MINILM_MODEL's size.
     """
 
     key: str
@@ -116,13 +139,33 @@ def comparisons(args) -> list[Comparison]:
             if v != "none":
                 plan.append(Comparison(f"gen/{v}_vs_none_cached", "generate", f"{v}+cache", "none+cache"))
         plan.append(Comparison("gen/none_vs_bart_cached", "generate", "none+cache", f"{BART}+cache"))
+        for v in args.static_variants:
+            plan.append(Comparison(f"gen/{v}_static_compiled_vs_dynamic", "generate", f"{v}+static", f"{v}+cache"))
+            plan.append(Comparison(f"gen/{v}_static_compiled_vs_bart", "generate", f"{v}+static", f"{BART}+static"))
+    if "forward" in args.parts:
+        plan += [
+            Comparison(f"forward/{v}_flex_vs_sdpa", "forward", f"{v}@flex_attention", v) for v in args.flex_variants
+        ]
+    if "train" in args.parts:
+        plan += [
+            Comparison(f"train/warm_{v}_vs_bart", "train", f"{WARM}{v}", f"{WARM}{BART}", "train_warm_vs_bart")
+            for v in args.warm_variants
+        ]
     return plan
 
 
 def runner_model(runner: str) -> tuple[str, str]:
     """The (model, attention implementation) a runner times: "product@eager" -> ("product", "eager")."""
-    model, _, attn = runner.removesuffix("+cache").removesuffix("-cache").partition("@")
+    model, _, attn = runner.removesuffix("+cache").removesuffix("-cache").removesuffix("+static").partition("@")
     return model, attn or "sdpa"
+
+
+def runner_cache(runner: str) -> str:
+    """How a beam-search runner caches: "dynamic" (+cache), "none" (-cache) or "static" (+static, compiled)."""
+    for suffix, cache in (("+cache", "dynamic"), ("-cache", "none"), ("+static", "static")):
+        if runner.endswith(suffix):
+            return cache
+    raise ValueError(f"beam-search runner {runner!r} names no cache")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -132,8 +175,14 @@ def runner_model(runner: str) -> tuple[str, str]:
 
 def build_model(model_kw: dict, name: str, attn: str, seed: int) -> torch.nn.Module:
     """C-DNPG with granularity mask `name` and attention implementation `attn`, or, for "bart", transformers' BART of
-    the same size (`cdnpg.training.bart_like`: the same dimensions, dropouts, positions and tied embeddings)."""
+    the same size (`cdnpg.training.bart_like`: the same dimensions, dropouts, positions and tied embeddings); a
+    "minilm:" name has MINILM_MODEL's dimensions instead of `model_kw`'s. Flex attention has no attention dropout:
+    its models (and those they are compared with, in the eval-mode forward part) are built without."""
     torch.manual_seed(seed)
+    if name.startswith(WARM):
+        name, model_kw = name.removeprefix(WARM), {**model_kw, **MINILM_MODEL}
+    if attn == "flex_attention":
+        model_kw = {**model_kw, "attention_dropout": 0.0}
     if name == BART:
         return bart_like(CDNPGConfig(**model_kw))
     return CDNPGForConditionalGeneration(CDNPGConfig(granularity_mask=name, attn_implementation=attn, **model_kw))
@@ -177,22 +226,29 @@ class Bench:
 
         return step
 
-    def generate(self, model, batch: int, length: int, new_tokens: int, beams: int, use_cache: bool):
-        """Beam search over a fixed random batch; min_new_tokens = max_new_tokens fixes the number of steps."""
+    def generate(self, model, batch: int, length: int, new_tokens: int, beams: int, cache: str):
+        """Beam search over a fixed random batch; min_new_tokens = max_new_tokens fixes the number of steps. `cache`:
+        "dynamic", "none" (use_cache=False) or "static" (a static cache, the decoding step compiled, fullgraph)."""
         model.to(self.device).eval()
         input_ids = self.tokens(model.config, batch, length, 2)
         attention_mask = torch.ones_like(input_ids)
+        static = {}
+        if cache == "static":
+            compile_config = CompileConfig(fullgraph=True)
+            compile_config._compile_all_devices = True  # transformers compiles by itself only on accelerators
+            static = dict(cache_implementation="static", compile_config=compile_config)
         config = GenerationConfig(
             num_beams=beams,
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
             do_sample=False,
             early_stopping=False,
-            use_cache=use_cache,
+            use_cache=cache != "none",
             pad_token_id=model.config.pad_token_id,
             bos_token_id=model.config.bos_token_id,
             eos_token_id=model.config.eos_token_id,
             decoder_start_token_id=model.config.decoder_start_token_id,
+            **static,
         )
 
         def run() -> None:
@@ -200,6 +256,20 @@ class Bench:
                 out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
             if out.shape != (batch, new_tokens + 1):
                 raise RuntimeError(f"generation returned {tuple(out.shape)}, expected {(batch, new_tokens + 1)}")
+
+        return run
+
+    def forward(self, model, batch: int, length: int) -> Callable[[], None]:
+        """The inference forward pass (eval mode, no gradients) over a fixed random batch, teacher-forced: source and
+        target both `length` tokens."""
+        model.to(self.device).eval()
+        input_ids = self.tokens(model.config, batch, length, 3)
+        decoder_input_ids = self.tokens(model.config, batch, length, 4)
+        attention_mask = torch.ones_like(input_ids)
+
+        def run() -> None:
+            with torch.inference_mode(), self.autocast():
+                model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
 
         return run
 
@@ -329,7 +399,18 @@ def measure(args, bench: Bench, model_kw: dict, length: int, part: str, plan: li
     for name in names:
         if runner_model(name) not in models:
             models[runner_model(name)] = build_model(model_kw, *runner_model(name), args.seed)
-    if part == "train":
+    if part == "forward":
+        batch = train_batch(args, length)
+        runners = {name: bench.forward(models[runner_model(name)], batch, length) for name in names}
+        log(f"[{tag}] forward: batch {batch}, {len(runners)} models, {args.warmup} warm-up, {repeats} rounds")
+        clocks, peaks = bench.interleaved(runners, repeats, args.warmup, memory)
+        entry = {
+            "batch_size": batch,
+            "repeats": repeats,
+            "throughput_unit": "target tokens (batch * seq_len) per wall-clock second",
+            **summarize(clocks, args.clock, peaks, batch * length),
+        }
+    elif part == "train":
         batch = train_batch(args, length)
         runners = {name: bench.train_step(models[runner_model(name)], batch, length) for name in names}
         log(f"[{tag}] training: batch {batch}, {len(runners)} models, {args.warmup} warm-up, {repeats} rounds")
@@ -345,7 +426,7 @@ def measure(args, bench: Bench, model_kw: dict, length: int, part: str, plan: li
         batch, new_tokens = generation_shape(args, length)
         runners = {
             name: bench.generate(
-                models[runner_model(name)], batch, length, new_tokens, args.num_beams, not name.endswith("-cache")
+                models[runner_model(name)], batch, length, new_tokens, args.num_beams, runner_cache(name)
             )
             for name in names
         }
@@ -450,7 +531,7 @@ def format_table(results: dict) -> str:
         f"{'setting':<8} {'run':<24} {'batch':>5} {clock + ' s':>8} {'wall s':>8} {'tokens/s':>9} {'peak MiB':>9}",
     ]
     for tag, entry in results["settings"].items():
-        for part in ("train", "generate"):
+        for part in PARTS:
             block = entry.get(part, {"median_s": {}})
             for name, median in block["median_s"].items():
                 peak = block["peak_memory_bytes"].get(name)
@@ -575,7 +656,7 @@ def profile_runs(args, bench: Bench, model_kw: dict, out_dir: Path) -> None:
                     fn = bench.train_step(model, batch, length)
                     shape = f"batch {batch}"
                 else:
-                    fn = bench.generate(model, gen_batch, length, new_tokens, args.num_beams, True)
+                    fn = bench.generate(model, gen_batch, length, new_tokens, args.num_beams, "dynamic")
                     shape = f"batch {gen_batch} x {args.num_beams} beams, {new_tokens} new tokens"
                 for _ in range(max(1, args.warmup)):
                     fn()
@@ -681,8 +762,26 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="cap max_new_tokens = seq_len (default 64 on CPU: use_cache=False at 256 steps is hours; 0 = no cap)",
     )
     parser.add_argument(
-        "--parts", nargs="+", default=["train", "generate"], choices=("train", "generate"), help="what to time"
+        "--static-variants",
+        nargs="*",
+        choices=GRANULARITY_MASKS,
+        help="beam search with a static cache and a compiled decoding step, against the dynamic cache and against\n"
+        "BART doing the same (default product)",
     )
+    parser.add_argument(
+        "--flex-variants",
+        nargs="*",
+        choices=GRANULARITY_MASKS,
+        help="forward pass with flex attention (the mask computed in its kernel) against SDPA (default product)",
+    )
+    parser.add_argument(
+        "--warm-variants",
+        nargs="*",
+        choices=GRANULARITY_MASKS,
+        help="training step of a warm-started model (all-MiniLM-L6-v2's size) against BART of that size\n"
+        "(default resonance)",
+    )
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="what to time")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory passes")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:n]")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="bf16: autocast, fp32 weights")
@@ -723,6 +822,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         variants=list(GA_VARIANTS),
         eager_variants=["product"] if cpu else ["product", "none"],
         gen_variants=["product"] if cpu else ["product", "none"],
+        static_variants=["product"],
+        flex_variants=["product"],
+        warm_variants=["resonance"],
         gen_batch_size=4,
         gen_max_batch_tokens=80 if cpu else 0,
         gen_max_new_tokens=64 if cpu else 0,
@@ -768,7 +870,7 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     try:
         for length in args.seq_lens:
-            for part in ("train", "generate"):
+            for part in PARTS:
                 measure(args, bench, model_kw, length, part, plan, results)
                 write_results(results, args.out)  # a later failure keeps what was measured
     except BaseException as error:

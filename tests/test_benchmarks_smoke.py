@@ -17,7 +17,7 @@ def speed(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,  # about a minute on an idle CPU; the compiled static-cache runs take most of it
     )
 
 
@@ -36,6 +36,13 @@ def test_speed_quick_writes_every_ratio(tmp_path):
     for variant in ("resonance", "scope", "product", "mean"):
         assert f"L{lengths[0]}/train/{variant}_vs_none" in expected
     assert any("sdpa_vs_eager" in key for key in expected)
+    for name in (
+        "gen/product_static_compiled_vs_dynamic",
+        "gen/product_static_compiled_vs_bart",
+        "forward/product_flex_vs_sdpa",
+        "train/warm_resonance_vs_bart",
+    ):
+        assert f"L{lengths[0]}/{name}" in expected
 
     assert set(results["ratios"]) == set(expected)
     for key in expected:
@@ -49,13 +56,14 @@ def test_speed_quick_writes_every_ratio(tmp_path):
     for field in ("torch", "transformers", "cpu_count", "device_name"):
         assert results["machine"][field]
     for entry in results["settings"].values():
-        for part in ("train", "generate"):
+        for part in ("train", "generate", "forward"):
             assert all(t > 0 for times in entry[part]["times_s"]["wall"].values() for t in times)
 
 
 def test_a_subset_of_variants_builds_what_each_comparison_needs(tmp_path):
     out = tmp_path / "r.json"
-    completed = speed(tmp_path, "--variants", "resonance", "scope", "--no-memory", "--out", str(out))
+    light = ["--static-variants", "--flex-variants", "--warm-variants", "--no-memory"]  # no compiling, no big model
+    completed = speed(tmp_path, "--variants", "resonance", "scope", *light, "--out", str(out))
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads(out.read_text())
     assert set(results["ratios"]) == set(results["expected_ratio_keys"])
@@ -68,7 +76,8 @@ def test_a_subset_of_variants_builds_what_each_comparison_needs(tmp_path):
 
 def test_a_failed_measurement_keeps_what_was_measured_before_it(tmp_path):
     out = tmp_path / "r.json"  # the quick model has 64 positions: 80 tokens fail, after the 8-token rounds
-    completed = speed(tmp_path, "--seq-lens", "8", "80", "--parts", "train", "--no-memory", "--out", str(out))
+    flags = ["--seq-lens", "8", "80", "--parts", "train", "--warm-variants", "--no-memory", "--out", str(out)]
+    completed = speed(tmp_path, *flags)
     assert completed.returncode != 0
     results = json.loads(out.read_text())
     assert "max_position_embeddings" in results["error"] and "L8/train/none_vs_bart" in results["ratios"]
