@@ -36,6 +36,19 @@ if TYPE_CHECKING:
 
 GRANULARITY_INIT_STD = 1e-6  # W_G at warm start: z = 0.5 up to ~1e-5, off the saddle of eq. 6 (module docstring)
 SOURCE_TYPES = ("bart", "bert")  # model_type of the checkpoints `convert` takes
+# CDNPGConfig field -> BartConfig field with the same meaning (also used to size a BART like a C-DNPG)
+BART_FIELDS = {
+    **{
+        name: name
+        for name in (
+            "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+            "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
+            "activation_function", "dropout", "attention_dropout", "scale_embedding", "pad_token_id", "bos_token_id",
+            "eos_token_id", "decoder_start_token_id", "tie_word_embeddings",
+        )
+    },
+    "initializer_range": "init_std",
+}  # fmt: skip
 
 
 def from_bart(bart: BartForConditionalGeneration, **overrides) -> CDNPGForConditionalGeneration:
@@ -46,29 +59,8 @@ def from_bart(bart: BartForConditionalGeneration, **overrides) -> CDNPGForCondit
     source = bart.config
     if not torch.equal(bart.final_logits_bias, torch.zeros_like(bart.final_logits_bias)):
         raise ValueError("this BART checkpoint has a non-zero final_logits_bias, which C-DNPG's LM head does not have")
-    fields = dict(
-        vocab_size=source.vocab_size,
-        d_model=source.d_model,
-        encoder_layers=source.encoder_layers,
-        decoder_layers=source.decoder_layers,
-        encoder_attention_heads=source.encoder_attention_heads,
-        decoder_attention_heads=source.decoder_attention_heads,
-        encoder_ffn_dim=source.encoder_ffn_dim,
-        decoder_ffn_dim=source.decoder_ffn_dim,
-        activation_function=source.activation_function,
-        dropout=source.dropout,
-        attention_dropout=source.attention_dropout,
-        max_position_embeddings=source.max_position_embeddings,
-        position_offset=bart.model.encoder.embed_positions.offset,
-        scale_embedding=source.scale_embedding,
-        layernorm_embedding=True,
-        initializer_range=source.init_std,
-        pad_token_id=source.pad_token_id,
-        bos_token_id=source.bos_token_id,
-        eos_token_id=source.eos_token_id,
-        decoder_start_token_id=source.decoder_start_token_id,
-        tie_word_embeddings=source.tie_word_embeddings,
-    )
+    fields = {ours: getattr(source, theirs) for ours, theirs in BART_FIELDS.items()}
+    fields.update(position_offset=bart.model.encoder.embed_positions.offset, layernorm_embedding=True)
     config = CDNPGConfig(**{**fields, **overrides})
     state = {name: tensor for name, tensor in bart.state_dict().items() if name != "final_logits_bias"}
     return _load_pretrained(CDNPGForConditionalGeneration(config), state)

@@ -274,3 +274,14 @@ def test_warm_start_refuses_size_flags_and_a_second_checkpoint(bert_dir):
         parse_args(["--init_from", str(bert_dir), "--model_name_or_path", str(bert_dir)])
     with pytest.raises(UsageError, match="--init_from ./missing/bert: no such model directory"):
         parse_args(["--init_from", "./missing/bert"])
+
+
+def test_a_bart_sized_like_a_cdnpg_converts_back_to_the_same_fields():
+    """cdnpg.training.bart_like (the benchmarks' baseline) and from_bart read one field table in both directions."""
+    from cdnpg.convert import BART_FIELDS
+    from cdnpg.training import bart_like
+    from tests.conftest import tiny_config
+
+    config = tiny_config(activation_function="gelu", dropout=0.2)
+    back = from_bart(bart_like(config)).config
+    assert {field: getattr(back, field) for field in BART_FIELDS} == {f: getattr(config, f) for f in BART_FIELDS}
