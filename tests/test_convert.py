@@ -272,7 +272,7 @@ def test_warm_start_refuses_size_flags_and_a_second_checkpoint(bert_dir):
         parse_args(["--init_from", str(bert_dir), "--d_model", "64"])
     with pytest.raises(UsageError, match="--init_from converts another: give one"):
         parse_args(["--init_from", str(bert_dir), "--model_name_or_path", str(bert_dir)])
-    with pytest.raises(UsageError, match="--init_from ./missing/bert: no such model directory"):
+    with pytest.raises(UsageError, match=r"--init_from \./missing/bert: no such model directory"):
         parse_args(["--init_from", "./missing/bert"])
 
 
