@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
+
 logger = logging.getLogger("cdnpg.cli")  # not __name__: `python -m cdnpg.cli` runs it as __main__
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -93,45 +95,52 @@ def load_model(
 
 
 def paraphrase(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
+    paraphraser: CDNPGText2TextPipeline,
     texts: Sequence[str],
     num_beams: int | None = None,
     num_return_sequences: int = 1,
     max_new_tokens: int | None = None,
+    novelty: float | None = None,
     first_index: int = 1,
-) -> list[list[str]]:
-    """`num_return_sequences` paraphrases of each text, as one batch; an empty text gets none, with a warning.
+) -> list[list[dict[str, str | float]]]:
+    """The candidates of each text, through the text2text pipeline (so the command and the pipeline decode and
+    detokenise alike), as one batch: `{"generated_text": ...}`, with `novelty` also `"score"` and its parts.
 
-    Inputs longer than the model takes are truncated to that (not to the paper's 20 tokens), with a warning.
-    `first_index` numbers the texts in warnings (their line number in the input).
+    A text with nothing to paraphrase (empty, blank, or only unknown tokens: `pipeline_cdnpg.unreadable`) gets none,
+    with a warning. Inputs longer than the model takes are truncated to that (not to the paper's 20 tokens), with a
+    warning. `first_index` numbers the texts in warnings (their line number in the input).
     """
-    from cdnpg.inference import content_tokens, encode, generation_kwargs, input_limit
+    from cdnpg.inference import generation_kwargs, input_limit, warn_long_inputs
+    from modeling_cdnpg.pipeline_cdnpg import unreadable
 
-    results: list[list[str]] = [[] for _ in texts]
+    model, tokenizer = paraphraser.model, paraphraser.tokenizer
     todo = []
     for offset, text in enumerate(texts):
-        if text.strip():
-            todo.append(offset)
+        problem = unreadable(tokenizer, text)
+        if problem:
+            logger.warning("input %d %s: no paraphrase", first_index + offset, problem)
         else:
-            logger.warning("input %d is empty: passed through with no paraphrase", first_index + offset)
+            todo.append(offset)
+    results: list[list[dict[str, str | float]]] = [[] for _ in texts]
     if not todo:
         return results
-    limit, reason = input_limit(model, tokenizer)
     sources = [texts[o].strip() for o in todo]
-    batch = encode(tokenizer, sources, limit, reason, numbers=[first_index + o for o in todo]).to(model.device)
+    longest = warn_long_inputs(tokenizer, sources, *input_limit(model, tokenizer), [first_index + o for o in todo])
+    diverse = bool(novelty)  # novelty > 0: one beam search per candidate, so the beam size need not reach -n
     settings = generation_kwargs(
         model,
-        content_tokens(tokenizer, batch),
+        longest,
         num_beams=num_beams,
-        num_return_sequences=num_return_sequences,
+        num_return_sequences=1 if diverse else num_return_sequences,
         max_new_tokens=max_new_tokens,
     )
-    sequences = model.generate(**batch, **settings)
-    decoded = tokenizer.batch_decode(sequences, skip_special_tokens=True)
-    for rank, offset in enumerate(todo):
-        candidates = decoded[rank * num_return_sequences : (rank + 1) * num_return_sequences]
-        results[offset] = [" ".join(c.split()) for c in candidates]  # one line each: no tabs or newlines inside
+    settings["num_return_sequences"] = num_return_sequences
+    if novelty is not None:
+        settings["novelty"] = novelty
+    for offset, candidates in zip(todo, paraphraser(sources, batch_size=len(sources), **settings)):
+        for candidate in candidates:  # one line each: no tabs or newlines inside
+            candidate["generated_text"] = " ".join(candidate["generated_text"].split())
+        results[offset] = candidates
     return results
 
 
@@ -160,10 +169,12 @@ def _check_paraphrase(args: argparse.Namespace) -> str | None:
         return f"--batch-size must be at least 1, got {args.batch_size}"
     if args.num_return_sequences < 1:
         return f"--num-return-sequences must be at least 1, got {args.num_return_sequences}"
-    if args.num_beams is not None and args.num_return_sequences > args.num_beams:
+    if args.novelty is not None and not 0 <= args.novelty <= 1:
+        return f"--novelty must be between 0 and 1, got {args.novelty}"
+    if not args.novelty and args.num_beams is not None and args.num_return_sequences > args.num_beams:
         return (
             f"--num-return-sequences {args.num_return_sequences} cannot exceed --num-beams {args.num_beams} "
-            "(beam search returns at most one sequence per beam)"
+            "(beam search returns at most one sequence per beam; with --novelty above 0 it can)"
         )
     return _check_generation(args)
 
@@ -177,6 +188,9 @@ def _run_paraphrase(args: argparse.Namespace) -> int:
     if args.output is not None and not Path(args.output).resolve().parent.is_dir():
         raise CLIError(f"--output {args.output}: its directory does not exist")
     model, tokenizer = load_model(args.model, args.device, args.trust_remote_code)
+    from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
+
+    paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
 
     total = None
     if args.text:
@@ -194,20 +208,16 @@ def _run_paraphrase(args: argparse.Namespace) -> int:
         with logging_redirect_tqdm(loggers=[logging.getLogger("cdnpg")]):
             for batch in _batched(lines, args.batch_size):
                 results = paraphrase(
-                    model,
-                    tokenizer,
+                    paraphraser,
                     batch,
                     num_beams=args.num_beams,
                     num_return_sequences=args.num_return_sequences,
                     max_new_tokens=args.max_new_tokens,
+                    novelty=args.novelty,
                     first_index=written + 1,
                 )
-                for source, paraphrases in zip(batch, results):
-                    if args.output:
-                        record = {"source": source, "paraphrases": paraphrases}
-                        out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    else:
-                        out.write("\t".join(paraphrases) + "\n")
+                for source, candidates in zip(batch, results):
+                    out.write(_format(source, candidates, jsonl=bool(args.output)) + "\n")
                 out.flush()  # stream: a pipe sees each batch as soon as it is done
                 written += len(batch)
                 progress.update(len(batch))
@@ -218,6 +228,19 @@ def _run_paraphrase(args: argparse.Namespace) -> int:
     if args.output:
         logger.info("wrote %d lines to %s", written, args.output)
     return EXIT_OK
+
+
+def _format(source: str, candidates: list[dict[str, str | float]], jsonl: bool) -> str:
+    """One output line: the candidates separated by tabs, each followed by its score (with --novelty); or JSON."""
+    texts = [candidate["generated_text"] for candidate in candidates]
+    scores = [round(candidate["score"], 4) for candidate in candidates if "score" in candidate]
+    if jsonl:
+        return json.dumps(
+            {"source": source, "paraphrases": texts, **({"scores": scores} if scores else {})}, ensure_ascii=False
+        )
+    if scores:
+        return "\t".join(f"{text}\t{score:.3f}" for text, score in zip(texts, scores))
+    return "\t".join(texts)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -290,7 +313,7 @@ def _check_convert(args: argparse.Namespace) -> str | None:
 
 def _run_convert(args: argparse.Namespace) -> int:
     from cdnpg.convert import convert
-    from cdnpg.hub import resolve_model_source, save_checkpoint
+    from cdnpg.hub import checkpoint_name, resolve_model_source, save_checkpoint
 
     try:
         resolve_model_source(args.source)
@@ -303,10 +326,10 @@ def _run_convert(args: argparse.Namespace) -> int:
     }
     model, tokenizer = convert(args.source, **options)
     summary = (
-        f"Converted from `{args.source}` ({model.config.encoder_layers} + {model.config.decoder_layers} layers, "
+        f"Converted from `{checkpoint_name(args.source)}` ({model.config.encoder_layers} + {model.config.decoder_layers} layers, "
         f"d {model.config.d_model}) with `cdnpg convert`; not trained for paraphrasing yet."
     )
-    save_checkpoint(model, tokenizer, args.output, training_summary=summary)
+    save_checkpoint(model, tokenizer, args.output, training_summary=summary, warm_start=checkpoint_name(args.source))
     new = sum(p.numel() for name, p in model.named_parameters() if "granularity_head" in name)
     logger.info(
         "wrote %s (%s parameters, %s of them new granularity heads)",
@@ -408,6 +431,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     para.add_argument(
         "--num-return-sequences", "-n", type=int, default=1, metavar="N", help="paraphrases per sentence (default 1)"
+    )
+    para.add_argument(
+        "--novelty",
+        type=float,
+        default=None,
+        metavar="X",
+        help="0 to 1: how far from the input's wording (its template; details are kept); with it, -n diverse "
+        "candidates, best first, each followed by its score (default: the model's own decoding). See docs/cli.md",
     )
     para.set_defaults(check=_check_paraphrase, run=_run_paraphrase, parser=para)
 

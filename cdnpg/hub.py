@@ -64,6 +64,13 @@ def resolve_model_source(name_or_path: str | os.PathLike[str]) -> str:
     return name
 
 
+def checkpoint_name(name_or_path: str | os.PathLike[str]) -> str:
+    """How a model card names another checkpoint: a Hub id as given, a folder by its last two path components (the
+    rest of an absolute path says nothing to the card's readers)."""
+    path = Path(name_or_path).expanduser()
+    return f"{path.parent.name}/{path.name}" if path.exists() else os.fspath(name_or_path)
+
+
 def _is_repo_id(name: str) -> bool:
     """ "owner/name" as the Hub spells repo ids; a bare name is taken for a local folder."""
     try:
@@ -126,8 +133,10 @@ def render_model_card(
     dataset: str | None = None,
     training_summary: str | None = None,
     max_length: int = 20,
+    warm_start: str | None = None,
 ) -> str:
-    """The model card (README.md): `model_card.md` filled from the config and the evaluation results."""
+    """The model card (README.md): `model_card.md` filled from the config and the evaluation results. `warm_start`
+    names the pretrained checkpoint the model was converted from (`cdnpg convert`, `--init_from`), if any."""
     config = model.config
     config_rows = [
         ("granularity_mask (eq. 9)", config.granularity_mask),
@@ -150,6 +159,7 @@ def render_model_card(
         results=[(name, metrics[key]) for key, (_, name) in CARD_METRICS.items() if metrics and key in metrics],
         training_summary=training_summary,
         max_length=max_length,
+        warm_start=warm_start,
     )
     return f"{card}\n"  # Jinja drops the template's final newline
 
@@ -163,6 +173,7 @@ def save_checkpoint(
     dataset: str | None = None,
     training_summary: str | None = None,
     max_length: int = 20,
+    warm_start: str | None = None,
 ) -> Path:
     """Write model, tokenizer and model card to `output_dir` as one staged step (`staged_directory`): a failure
     leaves an earlier checkpoint there as it was. The card is rendered first, so that a problem with it writes
@@ -171,7 +182,9 @@ def save_checkpoint(
     from modeling_cdnpg.modeling_cdnpg import staged_directory
 
     target = Path(output_dir)
-    card = render_model_card(model, model_id or target.name, metrics, dataset, training_summary, max_length)
+    card = render_model_card(
+        model, model_id or target.name, metrics, dataset, training_summary, max_length, warm_start=warm_start
+    )
     with staged_directory(target) as folder:
         model.save_pretrained(folder)  # `folder` is new or empty: the model's own save writes in place, not staged
         save_tokenizer(tokenizer, folder)
@@ -179,4 +192,11 @@ def save_checkpoint(
     return target
 
 
-__all__ = ["card_data", "model_card_template", "render_model_card", "resolve_model_source", "save_checkpoint"]
+__all__ = [
+    "card_data",
+    "checkpoint_name",
+    "model_card_template",
+    "render_model_card",
+    "resolve_model_source",
+    "save_checkpoint",
+]

@@ -34,7 +34,7 @@ from cdnpg.data import (
     template_corpus,
     train_wordpiece_tokenizer,
 )
-from cdnpg.hub import render_model_card
+from cdnpg.hub import checkpoint_name, render_model_card
 from cdnpg.training.arguments import (
     TEMPLATE_SIZES,
     CDNPGTrainingArguments,
@@ -340,6 +340,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
             dataset=data_name(data_args),
             training_summary=training_summary(trainer, data_name(data_args), corpus),
             max_length=data_args.max_source_length,
+            warm_start=checkpoint_name(model_args.init_from) if model_args.init_from else None,
         )
     if training_args.push_to_hub:
         with model_kept_on_failure(output_dir, "the push to the Hub"):
