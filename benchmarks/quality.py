@@ -202,6 +202,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="train nothing: print the table (and --plot) of OUTPUT_DIR/results.json",
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="with --report_only: first add the runs of DIR/results.json (e.g. other seeds run in parallel into\n"
+        "another folder with otherwise the same flags) to OUTPUT_DIR/results.json",
+    )
     args = parser.parse_args(argv)
     defaults = {**RECIPE, **(QUICK if args.quick else {})}
     for name, value in defaults.items():
@@ -309,6 +317,7 @@ def warm_argv(args: argparse.Namespace, argv: list[str]) -> list[str]:
 def train_cdnpg(variant: str, argv: list[str], log_path: Path, threads: int | None) -> dict[str, float]:
     """One `training/run.py` run in a subprocess (memory is returned between models); its all_results.json."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONUNBUFFERED"] = "1"  # the log shows the losses as they come
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     command = [sys.executable, str(ROOT / "training" / "run.py"), "--granularity_mask", variant, *argv]
@@ -420,6 +429,33 @@ def previous_runs(path: Path, config: dict) -> dict:
     if same != {k: v for k, v in config.items() if k not in ignored}:
         return {}
     return previous.get("models", {})
+
+
+def merge_runs(results: dict, other: dict, where: str) -> None:
+    """Add the runs (seeds) of another results.json of the same setup; a run of a seed already here is replaced."""
+    ignored = {
+        "seeds",
+        "variants",
+        "warm_variants",
+        "no_bart",
+        "report_only",
+        "merge",
+        "output_dir",
+        "files",
+        "tokenizer_dir",
+    }
+    mine = {k: v for k, v in results["config"].items() if k not in ignored}
+    theirs = {k: v for k, v in other["config"].items() if k not in ignored}
+    if mine != theirs:
+        differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        raise SystemExit(f"--merge {where}: another setup ({', '.join(differing)} differ)")
+    for name, entry in other["models"].items():
+        target = results["models"].setdefault(name, {"runs": []})
+        seeds = {run["seed"] for run in entry["runs"]}
+        target["runs"] = [run for run in target["runs"] if run["seed"] not in seeds] + entry["runs"]
+        target["runs"].sort(key=lambda run: run["seed"])
+        target["summary"] = summarize(target["runs"])
+    results["config"]["seeds"] = sorted({run["seed"] for entry in results["models"].values() for run in entry["runs"]})
 
 
 def write_results(results: dict, path: Path) -> None:
@@ -552,6 +588,9 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = Path(args.output_dir).resolve()
     if args.report_only:
         results = json.loads((out_dir / "results.json").read_text())
+        for other in args.merge:
+            merge_runs(results, json.loads((Path(other) / "results.json").read_text()), other)
+        write_results(results, out_dir / "results.json")
         report(results, args.plot)
         return results
     out_dir.mkdir(parents=True, exist_ok=True)

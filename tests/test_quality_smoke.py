@@ -86,3 +86,26 @@ def test_quality_quick_warm_starts_and_scores_an_extra_test_set(tmp_path):
         assert math.isfinite(scores["ibleu"]) and 0 <= scores["copy_rate"] <= 100, name
     assert results["models"]["copy-source"]["runs"][0]["extra"]["tiny"]["copy_rate"] == 100.0
     assert len((out / "warm-resonance-seed0" / "predictions-tiny.jsonl").read_text().splitlines()) == 5
+
+
+def test_report_only_merges_the_seeds_of_another_output_folder(tmp_path):
+    """Seeds run in parallel into two folders combine into one table; another setup is refused by name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("quality_under_test", ROOT / "benchmarks" / "quality.py")
+    quality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quality)
+
+    def results(seed: int, bleu4: float, steps: int = 10) -> dict:
+        run = {"seed": seed, "metrics": dict.fromkeys(quality.METRIC_KEYS, bleu4), "extra": {}}
+        model = {"runs": [run], "summary": quality.summarize([run])}
+        config = {"max_steps": steps, "seeds": [seed], "output_dir": f"out{seed}", "files": {"test": f"t{seed}"}}
+        return {"config": config, "models": {"resonance": model}}
+
+    merged = results(0, 20.0)
+    quality.merge_runs(merged, results(1, 30.0), "out1")
+    assert [run["seed"] for run in merged["models"]["resonance"]["runs"]] == [0, 1]
+    assert merged["models"]["resonance"]["summary"]["bleu4"]["mean"] == pytest.approx(25.0)
+    assert merged["config"]["seeds"] == [0, 1]
+    with pytest.raises(SystemExit, match="max_steps differ"):
+        quality.merge_runs(merged, results(2, 30.0, steps=20), "out2")
