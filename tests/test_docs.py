@@ -1,0 +1,322 @@
+"""Every fenced Python and shell snippet of README.md and docs/*.md runs as written, offline, on a tiny model.
+
+A snippet runs unless a marker on the lines right above its fence says otherwise and why (an HTML comment, which
+GitHub does not show):
+
+    <!-- doctest: skip: REASON -->              the snippet does not run
+    <!-- doctest: skip `COMMAND`: REASON -->    (shell) its commands that start with COMMAND do not run
+    <!-- doctest: tiny: REASON -->              (shell) its commands that run a script of TINY_FLAGS get that script's
+                                                flags appended, which shrink minutes of training to seconds
+
+A new snippet therefore runs by default, and a marker has to stay true: one that is not right above a fence, gives
+no reason, or no longer applies (no command starts with its COMMAND; `tiny` where no command runs a TINY_FLAGS
+script) fails `test_markers_sit_above_a_snippet_say_why_and_apply`, and so does a test a reason names
+(tests/test_x.py::test_y) that does not exist. Every fence names its language: python and bash/sh/shell snippets run,
+the others (text, yaml, ...) are not code.
+
+Each snippet runs in a fresh process, from its own copy of the project, as a user would from the checkout:
+`.venv` is the environment running these tests, whose bin comes first on PATH; `../shared` is the shared data when
+there is some; the Hub is offline. A tiny C-DNPG checkpoint is saved once and copied under every name of
+CHECKPOINTS (and put in the offline Hub cache under HUB_IDS); the files of INPUT_FILES are there. A snippet naming
+another checkpoint or input file fails: add it here.
+"""
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cdnpg.data import template_corpus, train_wordpiece_tokenizer
+from cdnpg.hub import save_checkpoint
+from tests.conftest import SHARED, tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PYTHON, SHELL = {"python", "py"}, {"bash", "sh", "shell"}
+CHECKPOINTS = ("runs/template", "checkpoints/quora")
+HUB_IDS = ("user/name",)
+INPUT_FILES = {
+    "questions.txt": "how do i learn python ?\nwhat is the capital of france ?\n",
+    "questions.tsv": "how do i learn python ?\thow can i learn python ?\nwhy is the sky blue ?\twhy is the sky blue ?\n",
+}
+# seconds instead of minutes or hours: 2 steps on a few pairs of the data the command names, with its own model
+TINY_FLAGS = {
+    "training/run.py": "--max_steps 2 --max_train_samples 64 --max_eval_samples 8 --max_predict_samples 8",
+}
+
+FENCE = re.compile(r"^(?P<indent>\s*)```(?P<language>\S*)\s*$")
+MARKER = re.compile(r"^<!-- doctest: (?P<kind>skip|tiny)(?: `(?P<command>[^`]+)`)?: (?P<reason>\S.*?) -->$")
+TEST_REFERENCE = re.compile(r"(tests/\w+\.py)::(\w+)")
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+@dataclass
+class Marker:
+    kind: str  # "skip" or "tiny"
+    command: str | None  # skip: the commands it applies to (None: the whole snippet)
+    reason: str
+
+
+@dataclass
+class Snippet:
+    path: Path
+    line: int  # of the opening fence, from 1
+    language: str
+    code: str
+    markers: list[Marker] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{shown(self.path)}:{self.line}"
+
+    def skipped(self) -> str | None:
+        """The reason the whole snippet does not run, if it does not."""
+        return next((m.reason for m in self.markers if m.kind == "skip" and m.command is None), None)
+
+
+def parse(path: Path) -> tuple[list[Snippet], list[str]]:
+    """The fenced snippets of a markdown file with their markers, and what is wrong with the markers and fences."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    snippets, problems, pending = [], [], []
+    fence, indent, body = None, "", []  # the open fence, its indentation and its lines so far
+    where = shown(path)
+    for number, line in enumerate(lines, 1):
+        if fence is not None:
+            if line.strip() == "```":
+                fence.code = "\n".join(text.removeprefix(indent) for text in body) + "\n"
+                snippets.append(fence)
+                fence = None
+            else:
+                body.append(line)
+            continue
+        if line.strip().startswith("<!-- doctest"):
+            if not (match := MARKER.match(line.strip())):
+                problems.append(f"{where}:{number}: not a marker: {line.strip()!r} (see tests/test_docs.py)")
+            else:
+                pending.append((number, Marker(match["kind"], match["command"], match["reason"])))
+            continue
+        if match := FENCE.match(line):
+            if not match["language"]:
+                problems.append(f"{where}:{number}: a fence without a language (```text for what is not code)")
+            fence = Snippet(path, number, match["language"], "", [marker for _, marker in pending])
+            indent, body = match["indent"], []
+            if pending and fence.language not in PYTHON | SHELL:
+                problems.append(f"{where}:{pending[0][0]}: a marker above a {fence.language or 'plain'} fence")
+            pending = []
+            continue
+        problems += [f"{where}:{n}: a marker that is not right above a fence" for n, _ in pending]
+        pending = []
+    problems += [f"{where}:{n}: a marker that is not right above a fence" for n, _ in pending]
+    if fence is not None:
+        problems.append(f"{where}:{fence.line}: a fence that is never closed")
+    return snippets, problems
+
+
+def split_commands(line: str) -> list[str]:
+    """`a && b  # note` -> ["a", "b"]: split at `&&` and cut the comment, outside quotes."""
+    parts, current, quote, i = [], "", None, 0
+    while i < len(line):
+        char = line[i]
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (not current or current[-1].isspace()):
+            break
+        elif line.startswith("&&", i):
+            parts.append(current)
+            current, i = "", i + 2
+            continue
+        current += char
+        i += 1
+    return [part.strip() for part in [*parts, current] if part.strip()]
+
+
+def shell_script(snippet: Snippet) -> tuple[str, set[str]]:
+    """The bash script a shell snippet runs as, and the markers' COMMANDs and TINY_FLAGS scripts that applied."""
+    tiny = any(marker.kind == "tiny" for marker in snippet.markers)
+    skips = [marker.command for marker in snippet.markers if marker.kind == "skip" and marker.command]
+    commands, applied = [], set()
+    for line in snippet.code.replace("\\\n", " ").splitlines():
+        for command in split_commands(line):
+            if skip := next((prefix for prefix in skips if command.startswith(prefix)), None):
+                applied.add(skip)
+                continue
+            for script, flags in TINY_FLAGS.items():
+                if tiny and script in command.split():
+                    applied.add(script)
+                    command = f"{command} {flags}"
+            commands.append(command)
+    return "set -euo pipefail\n" + "\n".join(commands) + "\n", applied
+
+
+SNIPPETS, PROBLEMS = [], []
+for _doc in DOCS:
+    _found, _problems = parse(_doc)
+    SNIPPETS += _found
+    PROBLEMS += _problems
+RUNNABLE = [snippet for snippet in SNIPPETS if snippet.language in PYTHON | SHELL]
+
+
+def marker_problems(snippet: Snippet) -> list[str]:
+    """What is wrong with a snippet's markers: a stale one, or a reason naming a test that does not exist."""
+    problems = []
+    applied = shell_script(snippet)[1] if snippet.language in SHELL else set()
+    for marker in snippet.markers:
+        if snippet.language in PYTHON and (marker.kind == "tiny" or marker.command):
+            problems.append(f"{snippet.name}: `tiny` and `skip COMMAND` are for shell snippets")
+        elif marker.kind == "skip" and marker.command and marker.command not in applied:
+            problems.append(f"{snippet.name}: no command starts with `{marker.command}`")
+        elif marker.kind == "tiny" and not applied & set(TINY_FLAGS):
+            problems.append(f"{snippet.name}: `tiny`, but no command runs one of {sorted(TINY_FLAGS)}")
+        for test_file, test_name in TEST_REFERENCE.findall(marker.reason):
+            tree = ast.parse((ROOT / test_file).read_text()) if (ROOT / test_file).is_file() else ast.Module()
+            if test_name not in {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}:
+                problems.append(f"{snippet.name}: the marker names {test_file}::{test_name}, which does not exist")
+    return problems
+
+
+def test_markers_sit_above_a_snippet_say_why_and_apply():
+    problems = PROBLEMS + [problem for snippet in RUNNABLE for problem in marker_problems(snippet)]
+    assert not problems, "\n".join(problems)
+
+
+def test_markers_skip_commands_and_shrink_training_and_every_fence_names_its_language(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "<!-- doctest: skip `pip install`: needs the network -->\n<!-- doctest: tiny: trains for hours -->\n"
+        "```bash\npip install x && python training/run.py a.yaml --flag 'a && b'  # note\npython other.py\n```\n"
+        "<!-- doctest: skip: needs a GPU; tests/test_docs.py::test_snippet_runs covers it -->\n"
+        "```python\nimport torch\n```\n"
+        "<!-- doctest skip -->\n\n<!-- doctest: skip: far from its fence -->\n\n```\nusage\n```\n"
+    )
+    (shell, python, plain), problems = parse(doc)
+    script, applied = shell_script(shell)
+    assert script.splitlines()[1:] == [
+        f"python training/run.py a.yaml --flag 'a && b' {TINY_FLAGS['training/run.py']}",
+        "python other.py",
+    ]
+    assert applied == {"pip install", "training/run.py"}
+    assert python.skipped().startswith("needs a GPU") and shell.skipped() is None and plain.code == "usage\n"
+    assert marker_problems(shell) == marker_problems(python) == []
+    assert [problem.split(": ", 1)[1] for problem in problems] == [
+        "not a marker: '<!-- doctest skip -->' (see tests/test_docs.py)",
+        "a marker that is not right above a fence",
+        "a fence without a language (```text for what is not code)",
+    ]
+
+
+def test_a_stale_marker_or_a_missing_test_in_a_reason_is_a_problem(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "<!-- doctest: skip `pip install`: needs the network -->\n<!-- doctest: tiny: trains for hours -->\n"
+        "```bash\npython other.py\n```\n"
+        "<!-- doctest: skip: covered by tests/test_docs.py::test_that_does_not_exist -->\n```python\npass\n```\n"
+    )
+    (shell, python), _ = parse(doc)
+    assert [problem.split(": ", 1)[1] for problem in marker_problems(shell) + marker_problems(python)] == [
+        "no command starts with `pip install`",
+        f"`tiny`, but no command runs one of {sorted(TINY_FLAGS)}",
+        "the marker names tests/test_docs.py::test_that_does_not_exist, which does not exist",
+    ]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """One tiny checkpoint, as run.py saves one (weights, remote code, tokenizer, card), shared by every snippet."""
+    corpus = template_corpus(num_train=300, num_valid=10, num_test=10, seed=0)["train"]
+    tokenizer = train_wordpiece_tokenizer([*corpus["source"], *corpus["target"]], vocab_size=300, min_frequency=1)
+    model = tiny_model(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        decoder_start_token_id=tokenizer.cls_token_id,
+    )
+    return save_checkpoint(model, tokenizer, tmp_path_factory.mktemp("docs") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory, checkpoint) -> Path:
+    from tests.test_hub import materialise_snapshot
+
+    cache = tmp_path_factory.mktemp("hub")
+    files = {
+        path.relative_to(checkpoint).as_posix(): path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()
+    }
+    for repo_id in HUB_IDS:
+        materialise_snapshot(cache, repo_id, files)
+    return cache
+
+
+def test_hub_ids_are_in_the_offline_cache_the_snippets_use(hub_cache, checkpoint):
+    from huggingface_hub import try_to_load_from_cache
+
+    for repo_id in HUB_IDS:
+        for name in ("config.json", "model.safetensors", "modeling_cdnpg.py", "tokenizer.json"):
+            cached = try_to_load_from_cache(repo_id, name, cache_dir=hub_cache)
+            assert isinstance(cached, str) and Path(cached).read_bytes() == (checkpoint / name).read_bytes(), name
+
+
+@pytest.fixture
+def workdir(tmp_path, checkpoint) -> Path:
+    """A copy of the project, as a user's checkout with the tiny checkpoint and the input files in it."""
+    project = tmp_path / "checkout"
+    ignore = shutil.ignore_patterns(".*", "runs", "checkpoints", "build", "dist", "*.egg-info", "__pycache__")
+    shutil.copytree(ROOT, project, ignore=ignore)
+    (project / ".venv").symlink_to(sys.prefix, target_is_directory=True)
+    if SHARED.is_dir():
+        (tmp_path / "shared").symlink_to(SHARED, target_is_directory=True)
+    for name in CHECKPOINTS:
+        shutil.copytree(checkpoint, project / name)
+    for name, text in INPUT_FILES.items():
+        (project / name).write_text(text)
+    return project
+
+
+def environment(hub_cache: Path, home: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_CACHE": str(hub_cache),
+        "HF_HOME": str(home),  # no token, no user cache
+        "NO_COLOR": "1",
+        "OMP_NUM_THREADS": "1",  # a tiny model gains nothing from more threads, and loses to contention on CI
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("snippet", RUNNABLE, ids=lambda snippet: f"{snippet.name}-{snippet.language}")
+def test_snippet_runs(snippet, workdir, hub_cache, tmp_path):
+    if reason := snippet.skipped():
+        pytest.skip(reason)
+    if "../shared" in snippet.code and not SHARED.is_dir():
+        pytest.skip("../shared is absent")
+    if snippet.language in PYTHON:
+        script = tmp_path / "snippet.py"
+        script.write_text(snippet.code)
+        command = [sys.executable, str(script)]
+    else:
+        script = tmp_path / "snippet.sh"
+        script.write_text(shell_script(snippet)[0])
+        command = ["bash", str(script)]
+    result = subprocess.run(
+        command,
+        cwd=workdir,
+        env=environment(hub_cache, tmp_path / "home"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, f"{snippet.name} failed:\n{script.read_text()}\n{result.stderr[-4000:]}"
