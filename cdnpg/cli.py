@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -203,9 +204,13 @@ def _run_paraphrase(args: argparse.Namespace) -> int:
 
     out: TextIO = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
     progress = tqdm(total=total, unit="sentence", disable=None if total else True, file=sys.stderr)
-    written = 0
+    written, reported = 0, set()
     try:
-        with logging_redirect_tqdm(loggers=[logging.getLogger("cdnpg")]):
+        with (
+            logging_redirect_tqdm(loggers=[logging.getLogger("cdnpg")]),
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")  # the model's warnings (e.g. "no z"), once each, as the command's
             for batch in _batched(lines, args.batch_size):
                 results = paraphrase(
                     paraphraser,
@@ -216,6 +221,11 @@ def _run_paraphrase(args: argparse.Namespace) -> int:
                     novelty=args.novelty,
                     first_index=written + 1,
                 )
+                for message in [str(warning.message) for warning in caught]:
+                    if message not in reported:
+                        logger.warning("%s", message)
+                        reported.add(message)
+                caught.clear()
                 for source, candidates in zip(batch, results):
                     out.write(_format(source, candidates, jsonl=bool(args.output)) + "\n")
                 out.flush()  # stream: a pipe sees each batch as soon as it is done

@@ -34,18 +34,20 @@ def input_limit(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> t
     return limit, reason
 
 
-def encode(
+def warn_long_inputs(
     tokenizer: PreTrainedTokenizerBase,
     texts: Sequence[str],
     limit: int,
     reason: str,
     numbers: Sequence[int] | None = None,
-) -> BatchEncoding:
-    """Tokenize a batch, truncating only what the model cannot take, with one warning per truncated input.
+) -> int:
+    """One warning per input longer than the model takes (it will be truncated to `limit` tokens); returns the
+    longest input's length in tokens after truncation, special tokens not counted.
 
     `numbers` names the inputs in the warnings (default 1, 2, ...), e.g. their line numbers in the input file.
     """
     numbers = list(numbers) if numbers is not None else list(range(1, len(texts) + 1))
+    longest = 0
     # verbose=False: this warning replaces transformers' own "sequence length is longer than" one
     for number, ids in zip(numbers, tokenizer(list(texts), verbose=False)["input_ids"]):
         if len(ids) > limit:
@@ -56,6 +58,20 @@ def encode(
                 limit,
                 reason,
             )
+        longest = max(longest, min(len(ids), limit))
+    return max(0, longest - tokenizer.num_special_tokens_to_add())
+
+
+def encode(
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    limit: int,
+    reason: str,
+    numbers: Sequence[int] | None = None,
+) -> BatchEncoding:
+    """Tokenize a batch, truncating only what the model cannot take, with one warning per truncated input
+    (`warn_long_inputs`)."""
+    warn_long_inputs(tokenizer, texts, limit, reason, numbers)
     return tokenizer(
         list(texts),
         truncation=True,

@@ -1077,6 +1077,23 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         backend. C-DNPG builds its own additive mask (padding plus the granularity term) from the 2-D one: keep it."""
         return attention_mask
 
+    # --- granularity-aware paraphrasing: the rule, the candidates and their ranking live in generation_cdnpg.py ---
+    def generate(self, *args, novelty: float | None = None, allow_copy: bool = False, **kwargs):
+        """`GenerationMixin.generate`, or with `novelty` in [0, 1] (default: the generation config's `novelty`, if
+        any) granularity-aware paraphrasing: source bigrams penalised by how template-like they are (1 - z),
+        diverse candidates, ranked, with their scores (`return_dict_in_generate=True`). `novelty=0` decodes exactly
+        as without it; `allow_copy=True` lets the input itself be a candidate. See `generation_cdnpg.py`."""
+        if novelty is None:
+            novelty = getattr(kwargs.get("generation_config") or self.generation_config, "novelty", None)
+        if novelty is None:
+            return super().generate(*args, **kwargs)
+        from .generation_cdnpg import paraphrase_generate  # here, so that transformers copies it with the model
+
+        with torch.no_grad():
+            return paraphrase_generate(self, super().generate, novelty, *args, allow_copy=allow_copy, **kwargs)
+
+    # --- end of granularity-aware paraphrasing ---
+
 
 __all__ = [
     "CDNPGDecoder",

@@ -1,0 +1,513 @@
+"""Granularity-aware paraphrasing: `model.generate(**inputs, novelty=0.5, num_return_sequences=5)`.
+
+Beam search on a paraphrase model copies much of its input (a quarter of Quora questions come back verbatim), and
+transformers' generic knobs against it (`encoder_no_repeat_ngram_size`, `encoder_repetition_penalty`) treat every
+source word alike, so they break names and numbers as readily as the question's template. C-DNPG already knows which
+is which: z (eq. 4) is ≈ 0 on sentence-level template tokens and ≈ 1 on phrase-level details. `novelty` uses it.
+
+The rule (reasoning and measurements in docs/novelty.md):
+
+- z is that of the top encoder layer's self-attention (`encoder_granularities[-1]`), computed in the same encoder
+  pass that decoding uses. In the trained models it is the layer that reads as the paper says (names and topics high,
+  "how", "why", "is" low); lower layers are flat or inverted.
+- A source bigram (a, b) (the decoder start token matching the source's first special token, so that the first word
+  counts too) weighs w = 1 - max(z_a, z_b) over its non-special tokens: a bigram is as template-like as its most
+  detailed token, so that no bigram inside or at the edge of a detail phrase is pushed apart. Bigrams ending in a
+  special token weigh 0 (ending a sentence is never penalised).
+- While decoding, a hypothesis whose last token is a has `novelty * MAX_PENALTY * w` nats taken off token b (the
+  largest w when the source has several bigrams (a, ·) ending in b): copying the template costs, copying a detail
+  costs nothing. `SourceNgramPenaltyLogitsProcessor` is this rule for any n-gram size and any weights.
+- A hypothesis that equals the source may not end (`NoCopyLogitsProcessor`), unless `allow_copy=True`.
+- A model without granularity heads (`granularity_mask="none"`) has no z: every bigram weighs 1 (a warning says so).
+
+Candidates and ranking: with `num_return_sequences=n` > 1 the n candidates come from n beam searches run one after
+another (ceil(num_beams / n) beams each), each penalised also on the bigrams of the candidates already chosen (detail
+tokens of the source exempt, as above; `DIVERSITY_PENALTY` nats): diverse beam search (Vijayakumar et al., 2018)
+with groups decoded in turn rather than in lockstep, so that it runs on the standard beam search of transformers
+4.57 and 5.x alike. From every group's beams the best one by the score below that is neither the source nor a
+candidate already chosen is kept. Each candidate y of source x is scored
+
+    score = log_likelihood - novelty * MAX_PENALTY * source_overlap
+
+with log_likelihood the mean log p(y_t | y_<t, x) over its tokens (end token included) under the model alone,
+without any penalty (teacher-forced), and source_overlap the mean bigram weight w over its tokens (0 for a token that
+does not continue a source bigram): the quantity beam search maximises, computed exactly. Candidates come back best
+first, with their scores (`return_dict_in_generate=True`).
+
+`novelty=0` is the model's own decoding, byte for byte: no penalty, no groups, no copy rule, the beams in their order.
+The encoder runs once per `generate()` call: its output, expanded by transformers over beams and returned
+sequences, serves every group and the rescoring. Copied into every saved checkpoint (remote code): imports only torch
+and transformers.
+"""
+
+import copy
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.utils import ModelOutput
+
+NGRAM_SIZE = 2  # bigrams: a copied source bigram is what makes a paraphrase read as the source
+MAX_PENALTY = 2.0  # nats off a template bigram's second token at novelty 1 (tuned on Quora, docs/novelty.md)
+DIVERSITY_PENALTY = 2.0  # nats off a bigram of an earlier candidate (template tokens), whatever the novelty
+NO_Z = (
+    "novelty: this model has no granularity heads (granularity_mask='none'), so there is no z to tell template from "
+    "detail: every source bigram is penalised alike (a uniform weight)"
+)
+UNCALIBRATED = (
+    "novelty: this checkpoint's granularity is not calibrated, so the top encoder layer's z is used as it comes; "
+    "which layer reads as the paper says (details high) differs between trained models: run "
+    "generation_cdnpg.calibrate_granularity(model, tokenizer, texts) once and save the model"
+)
+UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+DEFAULT_LAYER = -1  # the top encoder layer, when the checkpoint's generation_config names none (calibrate_granularity)
+RESCORE_ELEMENTS = 2**24  # logits held at once when rescoring candidates (64 MiB of fp32)
+
+
+@dataclass
+class CDNPGParaphraseOutput(ModelOutput):
+    """What `generate(..., novelty=x, return_dict_in_generate=True)` returns: for every input its
+    `num_return_sequences` candidates, best first (rows `i * n` to `i * n + n - 1` belong to input i).
+
+    sequences (`(batch * n, length)`): the candidates' ids; a row that could not be filled (fewer distinct
+        candidates than asked for) is all padding, with score -inf.
+    sequences_scores (`(batch * n,)`): the ranking score, log_likelihood - novelty * MAX_PENALTY * source_overlap.
+    log_likelihoods (`(batch * n,)`): mean log-probability of the candidate's tokens under the model alone.
+    source_overlaps (`(batch * n,)`): mean template weight of the source bigrams the candidate repeats, in [0, 1].
+    """
+
+    sequences: torch.LongTensor | None = None
+    sequences_scores: torch.FloatTensor | None = None
+    log_likelihoods: torch.FloatTensor | None = None
+    source_overlaps: torch.FloatTensor | None = None
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The rule: weighted source n-grams, and the penalty of a token that would continue one
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def word_starts(tokenizer, input_ids: torch.LongTensor) -> torch.Tensor:
+    """(b, s) bool: whether each token starts a word, i.e. the tokenizer writes a space between it and the token
+    before it (special tokens, and the tokens after them, start words). WordPiece's "##" pieces, byte-level BPE's
+    pieces without "Ġ" and SentencePiece's without "▁" continue a word."""
+    special = set(tokenizer.all_special_ids)
+    starts = []
+    for ids in input_ids.tolist():
+        tokens = tokenizer.convert_ids_to_tokens(ids)
+        row = [True]
+        for j in range(1, len(ids)):
+            joined = tokenizer.convert_tokens_to_string(tokens[j - 1 : j + 1]).strip()
+            row.append(ids[j] in special or ids[j - 1] in special or any(c.isspace() for c in joined))
+        starts.append(row)
+    return torch.tensor(starts, dtype=torch.bool, device=input_ids.device)
+
+
+def word_detail(detail: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """Every token's detail (b, s) replaced by its word's, the largest over the word's pieces: a word is as much a
+    detail as its most detailed piece."""
+    word = starts.long().cumsum(-1) - 1
+    per_word = torch.zeros_like(detail).scatter_reduce(1, word, detail, "amax", include_self=False)
+    return per_word.gather(1, word)
+
+
+def source_ngrams(
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor,
+    detail: torch.Tensor,
+    special_ids: torch.Tensor,
+    starts: torch.Tensor | None = None,
+    ngram_size: int = NGRAM_SIZE,
+) -> tuple[torch.LongTensor, torch.Tensor]:
+    """The n-grams of each source (b, k, n) and their template weights (b, k): 1 - max(detail) over the n-gram's
+    non-special tokens. Weight 0 (and id -1, which no generated token matches) for an n-gram that ends in a special
+    token, holds padding, has no other token, or, given word `starts` (b, s), ends inside a word: penalising that
+    token would split the word into a non-word.
+
+    detail (b, s): z of each source token, in [0, 1] (all 0 for a uniform weight).
+    """
+    ids = input_ids.masked_fill(~attention_mask.bool(), -1)
+    windows = ids.unfold(1, ngram_size, 1)  # (b, k, n)
+    special = torch.isin(windows, special_ids)
+    details = detail.float().unfold(1, ngram_size, 1).masked_fill(special, 0.0)
+    weights = 1 - details.amax(-1)
+    valid = (windows >= 0).all(-1) & ~special[..., -1] & ~special.all(-1)
+    if starts is not None:
+        valid &= starts.unfold(1, ngram_size, 1)[..., -1]
+    return windows.masked_fill(~valid[..., None], -1), weights.masked_fill(~valid, 0.0)
+
+
+def ngram_penalties(sequences: torch.LongTensor, ngrams: torch.LongTensor, weights: torch.Tensor) -> torch.Tensor:
+    """For each position t of each sequence (r, t), the weight of the n-gram that token t completes (its largest
+    weight if several match; 0 if none): what `SourceNgramPenaltyLogitsProcessor` took off that token.
+
+    ngrams (r, k, n) and weights (r, k) are each row's own (already expanded to the rows).
+    """
+    context = ngrams.shape[-1] - 1
+    padded = F.pad(sequences, (context, 0), value=-2)  # -2: before the start, matches nothing
+    windows = padded.unfold(1, context + 1, 1)  # (r, t, n): token t with its context
+    match = (windows[:, :, None, :] == ngrams[:, None, :, :]).all(-1)  # (r, t, k)
+    return (match * weights[:, None, :]).amax(-1)
+
+
+class PerInputLogitsProcessor(LogitsProcessor):
+    """A processor that holds tensors per input (b, ...) and reads them per row: `generate()` passes the inputs
+    expanded over beams or returned sequences, input-major (rows = b x expansion)."""
+
+    def __init__(self, **per_input: torch.Tensor):
+        self.per_input, self.per_row, self.rows = per_input, per_input, 0
+
+    def expanded(self, rows: int) -> dict[str, torch.Tensor]:
+        if rows != self.rows:  # once per generate() call
+            expand, remainder = divmod(rows, next(iter(self.per_input.values())).shape[0])
+            if remainder:
+                raise ValueError(f"{rows} hypotheses are not a whole number per input")
+            self.rows = rows
+            self.per_row = {name: value.repeat_interleave(expand, 0) for name, value in self.per_input.items()}
+        return self.per_row
+
+
+class SourceNgramPenaltyLogitsProcessor(PerInputLogitsProcessor):
+    """Takes `penalties[i, j]` off the score of token `ngrams[i, j, -1]` whenever a hypothesis of input i ends in
+    `ngrams[i, j, :-1]`: a soft, weighted `encoder_no_repeat_ngram_size`. Where several n-grams end in the same
+    token, the largest penalty applies.
+
+    ngrams (b, k, n) and penalties (b, k) are per input; padded slots have id -1 and penalty 0.
+    """
+
+    def __init__(self, ngrams: torch.LongTensor, penalties: torch.Tensor):
+        super().__init__(contexts=ngrams[..., :-1], targets=ngrams[..., -1].clamp(min=0), penalties=penalties)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        rows = self.expanded(input_ids.shape[0])
+        size = rows["contexts"].shape[-1]
+        suffix = F.pad(input_ids[:, -size:], (max(0, size - input_ids.shape[1]), 0), value=-2)  # (r, n - 1)
+        match = (rows["contexts"] == suffix[:, None, :]).all(-1)  # (r, k)
+        # min(score, score - penalty of each matching n-gram): the score less the largest penalty, in place
+        penalised = scores.gather(1, rows["targets"]) - match * rows["penalties"].to(scores.dtype)
+        return scores.scatter_reduce_(1, rows["targets"], penalised, "amin")
+
+
+class NoCopyLogitsProcessor(PerInputLogitsProcessor):
+    """Forbids the end token to a hypothesis whose tokens (special ones left out) are exactly its source's: an exact
+    copy can never be finished, whatever the penalties.
+
+    source_ids (b, s) with attention_mask (b, s); special_ids and eos_token_ids 1-D.
+    """
+
+    def __init__(self, source_ids: torch.LongTensor, attention_mask: torch.Tensor, special_ids, eos_token_ids):
+        content = attention_mask.bool() & ~torch.isin(source_ids, special_ids)
+        order = torch.sort((~content).int(), dim=1, stable=True).indices  # content tokens first, in their order
+        tokens = source_ids.gather(1, order).masked_fill(~content.gather(1, order), -1)
+        super().__init__(content=tokens, lengths=content.sum(-1))
+        self.special_ids, self.eos_token_ids = special_ids, eos_token_ids
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        rows = self.expanded(input_ids.shape[0])
+        content = rows["content"]
+        is_content = ~torch.isin(input_ids, self.special_ids)
+        index = is_content.long().cumsum(-1) - 1  # where each generated content token sits in the source's
+        agrees = ~is_content | (
+            (index < content.shape[1]) & (input_ids == content.gather(1, index.clamp(0, content.shape[1] - 1)))
+        )
+        copy_so_far = agrees.all(-1) & (is_content.sum(-1) == rows["lengths"])
+        ends = scores[:, self.eos_token_ids]
+        scores[:, self.eos_token_ids] = ends.masked_fill(copy_so_far[:, None], -math.inf)
+        return scores
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Scoring candidates
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def generated_mask(sequences: torch.LongTensor, eos_token_ids: torch.Tensor) -> torch.Tensor:
+    """(r, t - 1): the generated tokens of each sequence (after the start token, up to its first end token)."""
+    ended_before = torch.isin(sequences[:, 1:], eos_token_ids).long().cumsum(-1)
+    ended_before = F.pad(ended_before[:, :-1], (1, 0))
+    return ended_before == 0
+
+
+@torch.no_grad()
+def log_likelihoods(model, encoder_states, attention_mask, sequences, eos_token_ids) -> torch.Tensor:
+    """Mean log p(y_t | y_<t, x) over each sequence's generated tokens, teacher-forced, under the model alone.
+
+    encoder_states (r, s, d) and attention_mask (r, s) are already expanded to the rows of `sequences` (r, t).
+    """
+    targets, counted = sequences[:, 1:], generated_mask(sequences, eos_token_ids)
+    chunk = max(1, RESCORE_ELEMENTS // (targets.shape[1] * model.config.vocab_size))
+    totals = []
+    for start in range(0, sequences.shape[0], chunk):
+        rows = slice(start, start + chunk)
+        logits = model(
+            encoder_outputs=(encoder_states[rows],),
+            attention_mask=attention_mask[rows],
+            decoder_input_ids=sequences[rows, :-1],
+            use_cache=False,
+        ).logits
+        token = logits.float().log_softmax(-1).gather(-1, targets[rows, :, None]).squeeze(-1)
+        totals.append((token * counted[rows]).sum(-1))
+    return torch.cat(totals) / counted.sum(-1).clamp(min=1)
+
+
+def source_overlaps(sequences, ngrams, weights, eos_token_ids) -> torch.Tensor:
+    """Mean template weight of the source n-grams each sequence continues, over its generated tokens, in [0, 1]."""
+    counted = generated_mask(sequences, eos_token_ids)
+    penalties = ngram_penalties(sequences, ngrams, weights)[:, 1:]
+    return (penalties * counted).sum(-1) / counted.sum(-1).clamp(min=1)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Which layer's z, which way round
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def calibrate_granularity(
+    model, tokenizer, texts: list[str], common_tokens: int = 1000, batch_size: int = 64
+) -> dict[str, object]:
+    """Choose the encoder layer whose z best tells details from template, and its orientation; store both in
+    `model.generation_config` (`novelty_z_layer`, `novelty_z_inverted`), which `save_pretrained` keeps.
+
+    GA-attention learns z without labels, and the resonance mask is nearly symmetric under z -> 1 - z, so each
+    layer's head may learn the paper's reading (details high) or its mirror image, or stay flat. Rare tokens stand
+    in for details: per layer, separation = mean z of the tokens outside the `common_tokens` most frequent ones of
+    `texts` minus mean z of the frequent ones. The layer with the largest |separation| is chosen, inverted when its
+    separation is negative. Only the choice comes from frequencies; the weights stay z. Returns the choice and every
+    layer's separation.
+    """
+    if model.config.granularity_mask == "none":
+        raise ValueError("calibrate_granularity: this model has no granularity heads (granularity_mask='none')")
+    special = set(tokenizer.all_special_ids)
+    counts: dict[int, int] = {}
+    for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]:
+        for token in ids:
+            counts[token] = counts.get(token, 0) + 1
+    common = sorted(counts, key=lambda token: -counts[token])[:common_tokens]
+    common_ids = torch.tensor(common, device=model.device)
+    special_ids = torch.tensor(sorted(special), device=model.device)
+    sums, totals = 0.0, torch.zeros(2, device=model.device)
+    for start in range(0, len(texts), batch_size):
+        batch = tokenizer(
+            list(texts[start : start + batch_size]), padding=True, truncation=True, return_tensors="pt"
+        ).to(model.device)
+        encoded = model.get_encoder()(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_granularities=True
+        )
+        z = torch.stack(encoded.granularities)  # (layers, b, s)
+        content = batch["attention_mask"].bool() & ~torch.isin(batch["input_ids"], special_ids)
+        frequent = content & torch.isin(batch["input_ids"], common_ids)
+        groups = torch.stack([content & ~frequent, frequent]).float()  # (2, b, s): rare, frequent
+        sums = sums + torch.einsum("lbs,gbs->lg", z, groups)
+        totals += groups.sum((1, 2))
+    means = sums / totals.clamp(min=1)
+    separation = means[:, 0] - means[:, 1]
+    layer = int(separation.abs().argmax())
+    model.generation_config.novelty_z_layer = layer
+    model.generation_config.novelty_z_inverted = bool(separation[layer] < 0)
+    # a generation config marked as derived from the model config loses its own fields when loaded again
+    model.generation_config._from_model_config = False
+    return {
+        "novelty_z_layer": layer,
+        "novelty_z_inverted": bool(separation[layer] < 0),
+        "separation": [round(float(value), 4) for value in separation],
+    }
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# generate(..., novelty=x)
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _token_ids(*values) -> list[int]:
+    """The distinct ids among generation-config values that are None, an int, a list or a tensor."""
+    ids = []
+    for value in values:
+        if torch.is_tensor(value):
+            ids += value.flatten().tolist()
+        elif isinstance(value, (list, tuple)):
+            ids += list(value)
+        elif value is not None:
+            ids.append(value)
+    return sorted(set(ids))
+
+
+def _pad_stack(tensors: list[torch.Tensor], value: int | float) -> torch.Tensor:
+    """Tensors (k_i, ...) padded with `value` along their first dimension to (len(tensors), max k_i, ...)."""
+    width = max(1, max(tensor.shape[0] for tensor in tensors))
+    padding = [(0, 0) * (tensor.dim() - 1) + (0, width - tensor.shape[0]) for tensor in tensors]
+    return torch.stack([F.pad(tensor, pad, value=value) for tensor, pad in zip(tensors, padding)])
+
+
+def paraphrase_generate(
+    model,
+    generate: Callable,
+    novelty: float,
+    inputs: torch.LongTensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    logits_processor: LogitsProcessorList | None = None,
+    allow_copy: bool = False,
+    **kwargs,
+) -> torch.LongTensor | CDNPGParaphraseOutput:
+    """`generate()` with `novelty` (module docstring); `generate` is the model's standard `GenerationMixin.generate`.
+
+    Returns the candidates (batch * num_return_sequences, length), best first, or with `return_dict_in_generate=True`
+    a `CDNPGParaphraseOutput` that adds their scores. `allow_copy=True` lets the source itself be a candidate.
+    """
+    if isinstance(novelty, bool) or not isinstance(novelty, (int, float)) or not 0 <= novelty <= 1:
+        raise ValueError(f"novelty must be a number in [0, 1] (0: the model's own decoding), got {novelty!r}")
+    config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
+    model_kwargs = config.update(**kwargs)
+    requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
+    if requested:
+        raise ValueError(f"generate(novelty=...) returns candidates and their scores; it cannot also give {requested}")
+    return_dict, config.return_dict_in_generate = config.return_dict_in_generate, False
+    input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
+    if input_ids is None or "encoder_outputs" in model_kwargs or "inputs_embeds" in model_kwargs:
+        raise ValueError("generate(novelty=...) needs the source as input_ids (it reads z from its own encoder pass)")
+    layer = model_kwargs.pop("novelty_z_layer", getattr(config, "novelty_z_layer", DEFAULT_LAYER))
+    inverted = model_kwargs.pop("novelty_z_inverted", getattr(config, "novelty_z_inverted", False))
+    logits_processor = LogitsProcessorList(logits_processor or [])
+    if novelty == 0 and not return_dict:  # the model's own decoding, untouched
+        return generate(input_ids, generation_config=config, logits_processor=logits_processor, **model_kwargs)
+
+    device, batch = input_ids.device, input_ids.shape[0]
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    has_z = model.config.granularity_mask != "none"
+    encoded = model.get_encoder()(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        token_type_ids=model_kwargs.pop("token_type_ids", None),
+        output_granularities=has_z and layer is not None,
+        return_dict=True,
+    )
+    if not has_z:
+        warnings.warn(NO_Z, UserWarning, stacklevel=3)
+    elif layer is not None and not hasattr(config, "novelty_z_layer"):
+        warnings.warn(UNCALIBRATED, UserWarning, stacklevel=3)
+    if has_z and layer is not None:
+        z = encoded.granularities[layer]
+        detail = (1 - z if inverted else z).masked_fill(~attention_mask.bool(), 0.0)
+    else:
+        detail = torch.zeros(input_ids.shape, device=device)
+    states = encoded.last_hidden_state
+    specials = [config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id]
+    special_ids = torch.tensor(_token_ids(*specials), device=device)
+    eos_ids = torch.tensor(_token_ids(config.eos_token_id), device=device)
+    special = set(special_ids.tolist())
+    # generate()'s own `tokenizer` argument (for stop strings); here it also tells where words start
+    tokenizer = model_kwargs.get("tokenizer")
+    starts = word_starts(tokenizer, input_ids) if tokenizer is not None else None
+    if starts is not None:
+        detail = word_detail(detail, starts)
+    ngrams, weights = source_ngrams(input_ids, attention_mask, detail, special_ids, starts)
+
+    def decode(settings: GenerationConfig, processors: list[LogitsProcessor]) -> torch.LongTensor:
+        return generate(
+            input_ids,
+            generation_config=settings,
+            logits_processor=LogitsProcessorList([*logits_processor, *processors]),
+            attention_mask=attention_mask,
+            encoder_outputs=type(encoded)(last_hidden_state=states),  # a new one: generate() expands it in place
+            **model_kwargs,
+        )
+
+    def scores(sequences: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Score, log-likelihood and source overlap of each row (rows input-major)."""
+        rows = torch.arange(batch, device=device).repeat_interleave(sequences.shape[0] // batch)
+        likelihood = log_likelihoods(model, states[rows], attention_mask[rows], sequences, eos_ids)
+        overlap = source_overlaps(sequences, ngrams[rows], weights[rows], eos_ids)
+        return likelihood - novelty * MAX_PENALTY * overlap, likelihood, overlap
+
+    if novelty == 0:  # the model's own sequences, in their order, with their scores
+        sequences = decode(config, [])
+        return CDNPGParaphraseOutput(sequences, *scores(sequences))
+
+    def content(ids: torch.Tensor) -> tuple[int, ...]:
+        return tuple(token for token in ids.tolist() if token not in special)
+
+    wanted = config.num_return_sequences or 1
+    groups = 1 if wanted == 1 else wanted
+    settings = copy.deepcopy(config)
+    settings.num_beams = config.num_beams if groups == 1 else max(1, math.ceil(config.num_beams / groups))
+    settings.num_return_sequences = settings.num_beams  # every beam: the later ones stand in for a repeated one
+    copy_rule = [] if allow_copy else [NoCopyLogitsProcessor(input_ids, attention_mask, special_ids, eos_ids)]
+    # never an empty candidate, never one already chosen, never the source unless allowed
+    taken = [{()} if allow_copy else {(), content(ids[mask.bool()])} for ids, mask in zip(input_ids, attention_mask)]
+    chosen: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+    spare: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+    for _ in range(groups):
+        bags = []  # per input: its source's n-grams, and those of the candidates chosen so far
+        for i in range(batch):
+            bag = [(ngrams[i], novelty * MAX_PENALTY * weights[i])]
+            bag += [diversity_ngrams(ids, input_ids[i], detail[i], special_ids, tokenizer) for ids in chosen[i]]
+            bags.append((torch.cat([grams for grams, _ in bag]), torch.cat([costs for _, costs in bag])))
+        penalty = SourceNgramPenaltyLogitsProcessor(
+            _pad_stack([grams for grams, _ in bags], -1), _pad_stack([costs for _, costs in bags], 0.0)
+        )
+        sequences = decode(settings, [penalty, *copy_rule])
+        lengths = (1 + generated_mask(sequences, eos_ids).sum(-1)).tolist()
+        beams = settings.num_return_sequences
+        for i in range(batch):  # the input's beams, best first (by beam score), cut after their end token
+            fresh = [sequences[row, : lengths[row]] for row in range(i * beams, (i + 1) * beams)]
+            fresh = [ids for ids in fresh if content(ids) not in taken[i]]
+            if fresh:
+                chosen[i].append(fresh[0])
+                taken[i].add(content(fresh[0]))
+            spare[i] += fresh[1:]
+    for i in range(batch):  # a group that found nothing new: the other beams, in order
+        for ids in spare[i]:
+            if len(chosen[i]) < wanted and content(ids) not in taken[i]:
+                chosen[i].append(ids)
+                taken[i].add(content(ids))
+
+    length = max((ids.shape[0] for candidates in chosen for ids in candidates), default=2)
+    sequences = torch.full((batch * wanted, length), config.pad_token_id or 0, dtype=torch.long, device=device)
+    filled = torch.zeros(batch * wanted, dtype=torch.bool, device=device)
+    for i, candidates in enumerate(chosen):
+        for rank, ids in enumerate(candidates):
+            sequences[i * wanted + rank, : ids.shape[0]] = ids
+            filled[i * wanted + rank] = True
+    if wanted == 1 and not return_dict:  # one candidate each: nothing to rank
+        return sequences
+    score, likelihood, overlap = scores(sequences)
+    score, likelihood = score.masked_fill(~filled, -math.inf), likelihood.masked_fill(~filled, -math.inf)
+    rank = score.view(batch, wanted).argsort(dim=-1, descending=True, stable=True)
+    order = (rank + torch.arange(batch, device=device)[:, None] * wanted).flatten()
+    if not return_dict:
+        return sequences[order]
+    overlap = overlap.masked_fill(~filled, math.nan)
+    return CDNPGParaphraseOutput(sequences[order], score[order], likelihood[order], overlap[order])
+
+
+def diversity_ngrams(
+    candidate: torch.LongTensor,
+    source_ids: torch.LongTensor,
+    detail: torch.Tensor,
+    special_ids: torch.Tensor,
+    tokenizer,
+) -> tuple[torch.LongTensor, torch.Tensor]:
+    """The bigrams of a candidate already chosen, and what repeating each costs a later candidate: DIVERSITY_PENALTY
+    times its template weight, a token's detail being its largest z in the source (0 for a token not in it)."""
+    token_detail = ((candidate[:, None] == source_ids[None, :]) * detail[None, :]).amax(-1)
+    ids = candidate[None]
+    starts = word_starts(tokenizer, ids) if tokenizer is not None else None
+    grams, template = source_ngrams(ids, torch.ones_like(ids), token_detail[None], special_ids, starts)
+    return grams[0], DIVERSITY_PENALTY * template[0]
+
+
+__all__ = [
+    "CDNPGParaphraseOutput",
+    "NoCopyLogitsProcessor",
+    "PerInputLogitsProcessor",
+    "SourceNgramPenaltyLogitsProcessor",
+    "calibrate_granularity",
+    "paraphrase_generate",
+    "source_ngrams",
+]

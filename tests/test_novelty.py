@@ -1,0 +1,449 @@
+"""Granularity-aware paraphrasing (modeling_cdnpg/generation_cdnpg.py): the penalty rule, the copy rule, diverse ranked
+candidates, and where users reach them: `model.generate`, the pipeline (also in fresh processes with remote code, on
+transformers 5.x and 4.57) and `cdnpg paraphrase` through its entry point.
+
+Most mechanics run on `Copier`, a stand-in for a paraphrase model that copies its input, with z set by hand: what
+the rule must change is then known exactly.
+"""
+
+import itertools
+import json
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoTokenizer
+from transformers.modeling_outputs import Seq2SeqLMOutput
+
+from cdnpg.cli import main
+from cdnpg.data import template_corpus, train_wordpiece_tokenizer
+from cdnpg.hub import save_checkpoint
+from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGText2TextPipeline
+from modeling_cdnpg.generation_cdnpg import (
+    MAX_PENALTY,
+    NoCopyLogitsProcessor,
+    SourceNgramPenaltyLogitsProcessor,
+    calibrate_granularity,
+    source_ngrams,
+    word_starts,
+)
+from modeling_cdnpg.modeling_cdnpg import CDNPGEncoderOutput
+from modeling_cdnpg.pipeline_cdnpg import unreadable
+from tests.conftest import BOS, EOS, PAD, tiny_config, tiny_model
+from tests.test_cli import run_cli
+from tests.test_hub import PYTHONS, run_isolated
+
+SPECIALS = torch.tensor([PAD, BOS, EOS])
+ALTERNATIVE = 40  # the copier's second choice at decoder position p is token ALTERNATIVE + p
+
+
+class CopierEncoder(nn.Module):
+    """Returns the source ids as its hidden states (the copier reads them back) and z = 1 on `detail` tokens, 0 on
+    the others, in every layer; `rare_layer` instead marks tokens >= 30 (for the calibration test)."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self, detail: set[int], layers: int = 2):
+        super().__init__()
+        self.detail, self.layers = detail, layers
+
+    def forward(self, input_ids=None, attention_mask=None, output_granularities=None, **kwargs):
+        z = torch.isin(input_ids, torch.tensor(sorted(self.detail) or [-1])).float()
+        states = input_ids[..., None].float().expand(-1, -1, 4)
+        return CDNPGEncoderOutput(last_hidden_state=states, granularities=(z,) * self.layers)
+
+
+class Copier(CDNPGForConditionalGeneration):
+    """A paraphrase model that copies its input: at decoder position p, source token p + 1 (after [CLS]; then [SEP],
+    then the end) has log-probability ~0, token ALTERNATIVE + p is `cost` nats worse, everything else far worse."""
+
+    def __init__(self, detail=(), cost: float = MAX_PENALTY / 2, **config):
+        super().__init__(tiny_config(**config))
+        self.encoder, self.cost = CopierEncoder(set(detail)), cost
+        self.generation_config.use_cache = False  # the copier reads the whole prefix at every step
+        self.generation_config.novelty_z_layer, self.generation_config.novelty_z_inverted = -1, False
+        self.eval()
+
+    def get_encoder(self, *args, **kwargs):
+        return self.encoder
+
+    def forward(self, attention_mask=None, decoder_input_ids=None, encoder_outputs=None, **kwargs):
+        source = encoder_outputs[0][..., 0].long()  # (r, s)
+        rows, length = decoder_input_ids.shape
+        positions = torch.arange(length)
+        copied = torch.nn.functional.pad(source, (0, length + 1), value=PAD)[:, positions + 1]
+        copied = copied.masked_fill(copied == PAD, EOS)  # (r, t): what position p copies
+        logits = torch.full((rows, length, self.config.vocab_size), -30.0)
+        logits.scatter_(-1, copied[..., None], 0.0)
+        logits[:, positions, ALTERNATIVE + positions] = -self.cost
+        return Seq2SeqLMOutput(logits=logits.log_softmax(-1))
+
+
+def sources(*rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[CLS] tokens [SEP], right-padded."""
+    width = max(len(row) for row in rows) + 2
+    ids = torch.full((len(rows), width), PAD)
+    for i, row in enumerate(rows):
+        ids[i, : len(row) + 2] = torch.tensor([BOS, *row, EOS])
+    return ids, (ids != PAD).long()
+
+
+def calibrated(model: CDNPGForConditionalGeneration) -> CDNPGForConditionalGeneration:
+    """The model with its z read from the top layer as it comes, as calibrate_granularity would store it."""
+    model.generation_config.novelty_z_layer, model.generation_config.novelty_z_inverted = -1, False
+    return model
+
+
+def content(ids: torch.Tensor) -> list[int]:
+    return [t for t in ids.tolist() if t not in (PAD, BOS, EOS)]
+
+
+def bigrams(tokens: list[int]) -> set[tuple[int, int]]:
+    return set(itertools.pairwise(tokens))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The rule
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_bigram_weight_is_one_minus_the_largest_z_and_specials_and_padding_weigh_nothing():
+    ids, mask = sources([5, 6, 7], [8])
+    detail = torch.tensor([[0.9, 0.2, 0.7, 0.1, 0.3], [0.9, 0.4, 0.6, 0.0, 0.0]])
+    ngrams, weights = source_ngrams(ids, mask, detail, SPECIALS)
+    assert ngrams[0].tolist() == [[BOS, 5], [5, 6], [6, 7], [-1, -1]]  # (7, [SEP]) ends in a special token
+    torch.testing.assert_close(weights[0], torch.tensor([1 - 0.2, 1 - 0.7, 1 - 0.7, 0.0]))  # [CLS]'s z not counted
+    assert ngrams[1].tolist() == [[BOS, 8], [-1, -1], [-1, -1], [-1, -1]]  # padding matches nothing
+    torch.testing.assert_close(weights[1], torch.tensor([1 - 0.4, 0.0, 0.0, 0.0]))
+
+
+def test_a_bigram_that_ends_inside_a_word_is_never_penalised():
+    tokenizer = train_wordpiece_tokenizer(["how do i learn python quickly ?"] * 3, vocab_size=60, min_frequency=1)
+    encoded = tokenizer(["how do i learn pythonic ?"], return_tensors="pt")
+    pieces = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
+    starts = word_starts(tokenizer, encoded["input_ids"])[0].tolist()
+    assert starts == [not piece.startswith("##") for piece in pieces]
+    assert not all(starts), "the test needs a word split into pieces"
+    special = torch.tensor(tokenizer.all_special_ids)
+    detail = torch.zeros(encoded["input_ids"].shape)
+    _, weights = source_ngrams(encoded["input_ids"], encoded["attention_mask"], detail, special, starts=None)
+    word_aware, word_weights = source_ngrams(
+        encoded["input_ids"], encoded["attention_mask"], detail, special, word_starts(tokenizer, encoded["input_ids"])
+    )
+    for k, piece in enumerate(pieces[1:]):
+        if piece.startswith("##"):
+            assert weights[0, k] == 1 and word_weights[0, k] == 0 and word_aware[0, k].tolist() == [-1, -1]
+
+
+def test_penalty_applies_per_input_to_every_beam_row_and_takes_the_largest_of_matching_ngrams():
+    ngrams = torch.tensor([[[5, 6], [5, 7], [9, 7]], [[5, 6], [-1, -1], [-1, -1]]])
+    penalties = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.0, 0.0]])
+    processor = SourceNgramPenaltyLogitsProcessor(ngrams, penalties)
+    rows = torch.tensor([[BOS, 5], [BOS, 9], [BOS, 5], [BOS, 8]])  # 2 inputs x 2 beams, input-major
+    scores = processor(rows, torch.zeros(4, 10))
+    expected = torch.zeros(4, 10)
+    expected[0, 6], expected[0, 7] = -1.0, -2.0  # input 0 after 5: (5, 6) and (5, 7)
+    expected[1, 7] = -3.0  # input 0 after 9: (9, 7)
+    expected[2, 6] = -0.5  # input 1 after 5
+    torch.testing.assert_close(scores, expected)
+    # the same target from two n-grams: the larger penalty, once
+    twice = SourceNgramPenaltyLogitsProcessor(torch.tensor([[[5, 6], [5, 6]]]), torch.tensor([[1.0, 4.0]]))
+    assert twice(torch.tensor([[BOS, 5]]), torch.zeros(1, 10))[0, 6] == -4.0
+
+
+def test_no_copy_rule_forbids_ending_only_an_exact_copy():
+    ids, mask = sources([5, 6], [7])
+    processor = NoCopyLogitsProcessor(ids, mask, SPECIALS, torch.tensor([EOS]))
+    rows = torch.tensor([[BOS, 5, 6], [BOS, 5, 8], [BOS, 6, 5], [BOS, 7, PAD]])  # 2 beams of input 0, 2 of input 1
+    scores = processor(rows, torch.zeros(4, 10))
+    assert scores[:, EOS].tolist() == [-math.inf, 0, 0, -math.inf], "rows 0 and 3 are their source, whole"
+    assert (scores[:, :EOS] == 0).all() and (scores[:, EOS + 1 :] == 0).all()
+    assert processor(torch.tensor([[BOS, 5], [BOS, 5], [BOS, 7], [BOS, 7]]), torch.zeros(4, 10))[0, EOS] == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# generate(novelty=...)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"num_beams": 4},
+        {"num_beams": 1},
+        {"num_beams": 4, "num_return_sequences": 3},
+        {"num_beams": 1, "do_sample": True},
+    ],
+    ids=["beam", "greedy", "beams-returned", "sampling"],
+)
+def test_novelty_zero_leaves_the_output_byte_identical(settings):
+    model = calibrated(tiny_model())
+    ids, mask = sources([5, 6, 7, 8, 9], [10, 11])
+    outputs = []
+    for extra in ({}, {"novelty": 0}, {"novelty": 0, "return_dict_in_generate": True}):
+        torch.manual_seed(0)
+        output = model.generate(ids, attention_mask=mask, max_new_tokens=8, **settings, **extra)
+        outputs.append(output if torch.is_tensor(output) else output.sequences)
+    assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[0], outputs[2])
+
+
+def test_a_high_penalty_removes_template_bigrams_while_a_detail_is_still_copied():
+    """Source 5 6 8 9 with 8 a detail (z = 1): at novelty 1 the copier must leave every template bigram (cost
+    MAX_PENALTY > its second choice's cost) yet keep 8 after 6, since (6, 8) weighs 1 - max(0, 1) = 0. A uniform
+    weight (no z) loses the detail there; plain decoding copies."""
+    model = Copier(detail={8})
+    ids, mask = sources([5, 6, 8, 9], [12, 13, 14])  # a batch: the second input pads the first's rows
+    template = bigrams([BOS, 5, 6, 8, 9]) - {(6, 8), (8, 9)}
+    plain = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=8)
+    assert content(plain[0]) == [5, 6, 8, 9] and content(plain[1]) == [12, 13, 14]
+
+    paraphrase = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=1.0)
+    first = [BOS, *content(paraphrase[0])]
+    assert not bigrams(first) & template, first
+    assert (6, 8) in bigrams(first) and 8 in first, "the detail is copied where it follows the template"
+    assert not bigrams([BOS, *content(paraphrase[1])]) & bigrams([BOS, 12, 13, 14]), "the other input, its own"
+
+    uniform = model.generate(
+        ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=1.0, novelty_z_layer=None
+    )
+    assert (6, 8) not in bigrams([BOS, *content(uniform[0])]), "without z, (6, 8) is template like the rest"
+
+
+def test_the_source_itself_is_never_returned_unless_allowed():
+    model = Copier(detail={5, 6, 7})  # all detail: no penalty at all, only the copy rule
+    ids, mask = sources([5, 6, 7])
+    for num_beams in (1, 4):
+        small = model.generate(ids, attention_mask=mask, num_beams=num_beams, max_new_tokens=8, novelty=0.1)
+        assert content(small[0]) != [5, 6, 7], "the exact copy may not end"
+    allowed = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=0.1, allow_copy=True)
+    assert content(allowed[0]) == [5, 6, 7]
+
+
+def test_candidates_are_distinct_never_the_input_and_ranked_by_their_returned_score():
+    model = Copier(detail={8})
+    ids, mask = sources([5, 6, 8, 9], [12, 13])
+    out = model.generate(
+        ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=0.5, num_return_sequences=3,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert out.sequences.shape[0] == 6
+    for i, source in enumerate(([5, 6, 8, 9], [12, 13])):
+        rows = slice(3 * i, 3 * i + 3)
+        texts = [tuple(content(row)) for row in out.sequences[rows]]
+        assert len(set(texts)) == 3 and tuple(source) not in texts and () not in texts
+        scores = out.sequences_scores[rows]
+        assert (scores[:-1] >= scores[1:]).all(), "best first"
+        expected = out.log_likelihoods[rows] - 0.5 * MAX_PENALTY * out.source_overlaps[rows]
+        torch.testing.assert_close(scores, expected)
+        assert ((out.source_overlaps[rows] >= 0) & (out.source_overlaps[rows] <= 1)).all()
+
+
+def test_log_likelihood_is_the_models_own_mean_token_log_probability():
+    model = Copier(detail=set(), cost=1.5)
+    ids, mask = sources([5, 6])
+    out = model.generate(ids, attention_mask=mask, num_beams=2, max_new_tokens=6, novelty=0.0,
+                         return_dict_in_generate=True)  # fmt: skip
+    assert content(out.sequences[0]) == [5, 6], "novelty 0: the copy"
+    # [CLS] 5 6 [SEP]: three tokens, each the copier's first choice, log p = log_softmax of (0, -1.5, -30, ...)
+    first_choice = torch.tensor([0.0, -1.5] + [-30.0] * 58).log_softmax(0)[0]
+    torch.testing.assert_close(out.log_likelihoods[0], first_choice)
+    # 5 and 6 continue source bigrams of weight 1 ([CLS] 5, 5 6); ending ([SEP]) is never copying
+    torch.testing.assert_close(out.source_overlaps[0], torch.tensor(2 / 3))
+
+
+def test_candidates_of_a_random_model_are_distinct_and_padded_rows_say_so():
+    model = calibrated(tiny_model())
+    ids, mask = sources([5, 6, 7, 8, 9], [10, 11])
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=6, novelty=0.5, num_return_sequences=4,
+                         return_dict_in_generate=True)  # fmt: skip
+    for i in range(2):
+        rows = out.sequences[4 * i : 4 * i + 4]
+        filled = out.sequences_scores[4 * i : 4 * i + 4] > -math.inf
+        texts = [tuple(content(row)) for row, full in zip(rows, filled) if full]
+        assert len(texts) == len(set(texts)) >= 1
+        assert all(content(row) == [] for row, full in zip(rows, filled) if not full)
+
+
+def test_bad_novelty_is_refused_with_its_value():
+    model = calibrated(tiny_model())
+    ids, mask = sources([5, 6])
+    for value in (-0.1, 1.5, "high", True):
+        with pytest.raises(ValueError, match="novelty must be a number in \\[0, 1\\]"):
+            model.generate(ids, attention_mask=mask, novelty=value)
+    with pytest.raises(ValueError, match="cannot also give"):
+        model.generate(ids, attention_mask=mask, novelty=0.5, output_scores=True, return_dict_in_generate=True)
+
+
+def test_a_model_without_granularity_heads_warns_and_uses_a_uniform_weight():
+    model = tiny_model(granularity_mask="none")
+    ids, mask = sources([5, 6, 7])
+    with pytest.warns(UserWarning, match="no granularity heads.*uniform weight"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=4, novelty=0.5)
+
+
+def test_an_uncalibrated_checkpoint_says_so_and_the_novelty_default_comes_from_the_generation_config():
+    model = tiny_model()
+    ids, mask = sources([5, 6, 7])
+    with pytest.warns(UserWarning, match="not calibrated"):
+        expected = model.generate(ids, attention_mask=mask, max_new_tokens=4, novelty=0.5)
+    model.generation_config.novelty = 0.5
+    model.generation_config.novelty_z_layer, model.generation_config.novelty_z_inverted = -1, False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=4), expected)
+
+
+def test_calibration_picks_the_layer_that_tells_rare_tokens_from_frequent_ones_and_its_orientation():
+    tokenizer = train_wordpiece_tokenizer(["how do i learn python ?", "what is a rare word ?"] * 5, min_frequency=1)
+    texts = ["how do i learn python ?"] * 8 + ["what is a rare word ?"]
+    model = tiny_model(vocab_size=len(tokenizer))
+    rare = {t for t in tokenizer(texts[-1])["input_ids"]} - set(tokenizer(texts[0])["input_ids"])
+
+    class TwoLayers(CopierEncoder):
+        def forward(self, input_ids=None, attention_mask=None, output_granularities=None, **kwargs):
+            z = torch.isin(input_ids, torch.tensor(sorted(rare))).float()
+            flat = torch.full_like(z, 0.5)
+            layers = (flat, 0.4 + 0.2 * z, 1 - 0.9 * z) if self.layers == 3 else (flat, 0.4 + 0.2 * z)
+            return CDNPGEncoderOutput(last_hidden_state=None, granularities=layers)
+
+    model.get_encoder = lambda: TwoLayers(set(), layers=3)
+    found = calibrate_granularity(model, tokenizer, texts, common_tokens=6)
+    assert found["novelty_z_layer"] == 2 and found["novelty_z_inverted"], found  # the mirror image reads best
+    assert found["separation"][0] == 0 and found["separation"][1] > 0 > found["separation"][2]
+    assert (model.generation_config.novelty_z_layer, model.generation_config.novelty_z_inverted) == (2, True)
+    model.get_encoder = lambda: TwoLayers(set(), layers=2)
+    assert calibrate_granularity(model, tokenizer, texts, common_tokens=6)["novelty_z_inverted"] is False
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The pipeline and the command line
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    corpus = template_corpus(num_train=300, num_valid=10, num_test=10, seed=0)["train"]
+    return train_wordpiece_tokenizer([*corpus["source"], *corpus["target"]], vocab_size=300, min_frequency=1)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tokenizer):
+    model = tiny_model(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        decoder_start_token_id=tokenizer.cls_token_id,
+    )
+    with torch.no_grad():  # special tokens score 0: the random model's paraphrases are words, never only [UNK]/[SEP]
+        model.get_input_embeddings().weight[tokenizer.all_special_ids] = 0
+    corpus = template_corpus(num_train=300, num_valid=10, num_test=10, seed=0)["train"]
+    calibrate_granularity(model, tokenizer, corpus["source"][:100], common_tokens=50)
+    return save_checkpoint(model, tokenizer, tmp_path_factory.mktemp("novelty") / "tiny")
+
+
+SENTENCE = "how can i learn machine learning ?"
+
+
+def test_checkpoint_carries_the_generation_code_and_its_calibration(checkpoint):
+    assert (checkpoint / "generation_cdnpg.py").is_file()
+    code = (checkpoint / "generation_cdnpg.py").read_text()
+    imports = [line.split()[1] for line in code.splitlines() if line.startswith(("import ", "from "))]
+    assert {name.split(".")[0] for name in imports} <= {"copy", "math", "warnings", "collections", "dataclasses",
+                                                        "torch", "transformers"}  # fmt: skip
+    generation = json.loads((checkpoint / "generation_config.json").read_text())
+    assert isinstance(generation["novelty_z_layer"], int) and isinstance(generation["novelty_z_inverted"], bool)
+
+
+def test_pipeline_returns_ranked_candidates_with_their_scores(checkpoint):
+    model = CDNPGForConditionalGeneration.from_pretrained(checkpoint)
+    paraphraser = CDNPGText2TextPipeline(
+        model=model, tokenizer=AutoTokenizer.from_pretrained(checkpoint), device="cpu"
+    )
+    candidates = paraphraser(SENTENCE, novelty=0.5, num_return_sequences=3, max_new_tokens=8)
+    assert 1 <= len(candidates) <= 3
+    assert all(set(c) == {"generated_text", "score", "log_likelihood", "source_overlap"} for c in candidates)
+    scores = [c["score"] for c in candidates]
+    assert scores == sorted(scores, reverse=True)
+    assert len({c["generated_text"] for c in candidates}) == len(candidates)
+    plain = paraphraser(SENTENCE, max_new_tokens=8)
+    assert [set(c) for c in plain] == [{"generated_text"}]
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\t\n", "北京欢迎你"])
+def test_pipeline_gives_nothing_readable_no_paraphrase_and_warns(checkpoint, text, caplog):
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    paraphraser = CDNPGText2TextPipeline(
+        model=CDNPGForConditionalGeneration.from_pretrained(checkpoint), tokenizer=tokenizer, device="cpu"
+    )
+    assert unreadable(tokenizer, text)
+    with caplog.at_level("WARNING"):
+        assert paraphraser(text, max_new_tokens=4) == []
+        together = paraphraser([SENTENCE, text, SENTENCE], max_new_tokens=4)
+    assert together[1] == [] and len(together[0]) == len(together[2]) == 1
+    assert "input 2" in caplog.text and "no paraphrase" in caplog.text
+    assert unreadable(tokenizer, SENTENCE) is None
+
+
+def test_pipeline_and_cli_detokenise_alike(checkpoint):
+    """The command line paraphrases through the pipeline: "what ' s" never reaches the user."""
+    from cdnpg.cli import paraphrase
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    paraphraser = CDNPGText2TextPipeline(model=Copier(vocab_size=len(tokenizer)), tokenizer=tokenizer, device="cpu")
+    text = "what's the best way to learn ?"
+    assert tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"])[1:4] == ["what", "'", "s"]
+    expected = [{"generated_text": "what's the best way to learn?"}]
+    assert paraphraser(text, num_beams=2, max_new_tokens=12) == expected
+    assert paraphrase(paraphraser, [text, ""], num_beams=2, max_new_tokens=12) == [expected, []]
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_fresh_process_generate_and_pipeline_with_novelty(python, checkpoint, tmp_path):
+    model = CDNPGForConditionalGeneration.from_pretrained(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    inputs = tokenizer([SENTENCE, "what is the best way to travel ?"], return_tensors="pt", padding=True)
+    expected = model.generate(**inputs, max_new_tokens=8, novelty=0.5, num_return_sequences=2)
+    plain = model.generate(**inputs, max_new_tokens=8)
+    got = run_isolated(
+        python,
+        f"""
+        import json, torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        path = {str(checkpoint)!r}
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True)
+        inputs = tokenizer({[SENTENCE, "what is the best way to travel ?"]!r}, return_tensors="pt", padding=True)
+        ids = model.generate(**inputs, max_new_tokens=8, novelty=0.5, num_return_sequences=2).tolist()
+        zero = model.generate(**inputs, max_new_tokens=8, novelty=0).tolist()
+        paraphraser = pipeline("text2text-generation", model=path, trust_remote_code=True)
+        candidates = paraphraser({SENTENCE!r}, novelty=0.5, num_return_sequences=2, max_new_tokens=8)
+        print(json.dumps({{"ids": ids, "zero": zero, "candidates": candidates, "module": type(model).__module__}}))
+        """,
+        cwd=tmp_path,
+    )
+    assert got["module"].startswith("transformers_modules")
+    assert got["ids"] == expected.tolist()
+    assert got["zero"] == plain.tolist()
+    assert 1 <= len(got["candidates"]) <= 2 and all("score" in c for c in got["candidates"])
+
+
+def test_cli_novelty_prints_distinct_candidates_with_their_scores_best_first(checkpoint):
+    result = run_cli("paraphrase", "--model", str(checkpoint), "--novelty", "0.5", "-n", "3", "--max-new-tokens", "8",
+                     SENTENCE, "")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    first, empty = result.stdout[:-1].split("\n")
+    fields = first.split("\t")
+    texts, scores = fields[0::2], [float(score) for score in fields[1::2]]
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    assert 1 <= len(texts) <= 3 and len(set(texts)) == len(texts)
+    assert tokenizer.decode(tokenizer(SENTENCE)["input_ids"], skip_special_tokens=True) not in texts
+    assert scores == sorted(scores, reverse=True)
+    assert empty == "" and "warning: input 2 is empty: no paraphrase" in result.stderr
+
+
+def test_cli_novelty_out_of_range_is_a_usage_error(capsys):
+    assert main(["paraphrase", "--model", "m", "text", "--novelty", "1.5"]) == 2
+    assert "--novelty must be between 0 and 1" in capsys.readouterr().err
