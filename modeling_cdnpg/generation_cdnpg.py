@@ -438,10 +438,21 @@ def paraphrase_generate(
     settings.num_beams = config.num_beams if groups == 1 else max(1, math.ceil(config.num_beams / groups))
     settings.num_return_sequences = settings.num_beams  # every beam: the later ones stand in for a repeated one
     copy_rule = [] if allow_copy else [NoCopyLogitsProcessor(input_ids, attention_mask, special_ids, eos_ids)]
-    # never an empty candidate, never one already chosen, never the source unless allowed
-    taken = [{()} if allow_copy else {(), content(ids[mask.bool()])} for ids, mask in zip(input_ids, attention_mask)]
+    # never an empty candidate, one already chosen or, unless allowed, the source; the source with words appended
+    # (what a copy that may not end turns into: "... 2016 ? why ?") only when there is nothing else
+    copied = [content(ids[mask.bool()]) for ids, mask in zip(input_ids, attention_mask)]
+    taken: list[set[tuple[int, ...]]] = [{()} for _ in range(batch)]
+
+    def rank(i: int, ids: torch.Tensor) -> int | None:
+        """0: a candidate; 1: a last resort (the source with words appended); None: never."""
+        tokens = content(ids)
+        if tokens in taken[i] or (not allow_copy and tokens == copied[i]):
+            return None
+        return 1 if not allow_copy and tokens[: len(copied[i])] == copied[i] else 0
+
     chosen: list[list[torch.Tensor]] = [[] for _ in range(batch)]
     spare: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+    last_resort: list[list[torch.Tensor]] = [[] for _ in range(batch)]
     for _ in range(groups):
         bags = []  # per input: its source's n-grams, and those of the candidates chosen so far
         for i in range(batch):
@@ -456,14 +467,15 @@ def paraphrase_generate(
         beams = settings.num_return_sequences
         for i in range(batch):  # the input's beams, best first (by beam score), cut after their end token
             fresh = [sequences[row, : lengths[row]] for row in range(i * beams, (i + 1) * beams)]
-            fresh = [ids for ids in fresh if content(ids) not in taken[i]]
+            last_resort[i] += [ids for ids in fresh if rank(i, ids) == 1]
+            fresh = [ids for ids in fresh if rank(i, ids) == 0]
             if fresh:
                 chosen[i].append(fresh[0])
                 taken[i].add(content(fresh[0]))
             spare[i] += fresh[1:]
-    for i in range(batch):  # a group that found nothing new: the other beams, in order
-        for ids in spare[i]:
-            if len(chosen[i]) < wanted and content(ids) not in taken[i]:
+    for i in range(batch):  # a group that found nothing new: the other beams, in order, then the last resorts
+        for ids in spare[i] + last_resort[i]:
+            if len(chosen[i]) < wanted and rank(i, ids) is not None:
                 chosen[i].append(ids)
                 taken[i].add(content(ids))
 

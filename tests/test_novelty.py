@@ -9,7 +9,11 @@ the rule must change is then known exactly.
 import itertools
 import json
 import math
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +22,7 @@ from transformers import AutoTokenizer
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from cdnpg.cli import main
-from cdnpg.data import template_corpus, train_wordpiece_tokenizer
+from cdnpg.data import template_corpus, train_wordpiece_tokenizer, write_template_corpus
 from cdnpg.hub import save_checkpoint
 from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGText2TextPipeline
 from modeling_cdnpg.generation_cdnpg import (
@@ -35,6 +39,7 @@ from tests.conftest import BOS, EOS, PAD, tiny_config, tiny_model
 from tests.test_cli import run_cli
 from tests.test_hub import PYTHONS, run_isolated
 
+ROOT = Path(__file__).resolve().parents[1]
 SPECIALS = torch.tensor([PAD, BOS, EOS])
 ALTERNATIVE = 40  # the copier's second choice at decoder position p is token ALTERNATIVE + p
 
@@ -211,12 +216,13 @@ def test_a_high_penalty_removes_template_bigrams_while_a_detail_is_still_copied(
     assert (6, 8) not in bigrams([BOS, *content(uniform[0])]), "without z, (6, 8) is template like the rest"
 
 
-def test_the_source_itself_is_never_returned_unless_allowed():
+def test_the_source_itself_is_never_returned_unless_allowed_nor_with_words_appended_unless_nothing_else():
     model = Copier(detail={5, 6, 7})  # all detail: no penalty at all, only the copy rule
     ids, mask = sources([5, 6, 7])
-    for num_beams in (1, 4):
-        small = model.generate(ids, attention_mask=mask, num_beams=num_beams, max_new_tokens=8, novelty=0.1)
-        assert content(small[0]) != [5, 6, 7], "the exact copy may not end"
+    beams = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=0.1)
+    assert content(beams[0])[:3] != [5, 6, 7], "neither the copy nor the copy with a word appended"
+    greedy = model.generate(ids, attention_mask=mask, num_beams=1, max_new_tokens=8, novelty=0.1)
+    assert content(greedy[0])[:3] == [5, 6, 7] and len(content(greedy[0])) > 3, "the one hypothesis: a last resort"
     allowed = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=0.1, allow_copy=True)
     assert content(allowed[0]) == [5, 6, 7]
 
@@ -447,3 +453,42 @@ def test_cli_novelty_prints_distinct_candidates_with_their_scores_best_first(che
 def test_cli_novelty_out_of_range_is_a_usage_error(capsys):
     assert main(["paraphrase", "--model", "m", "text", "--novelty", "1.5"]) == 2
     assert "--novelty must be between 0 and 1" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The benchmark
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_benchmark_quick_scores_every_setting_against_beam_search_and_draws_the_figure(checkpoint, tmp_path):
+    """`benchmarks/novelty.py --quick` on the tiny checkpoint: every family of settings decoded and scored, the anchors,
+    the candidates, the figure. No quality is asserted (a random model says nothing), except what holds by
+    construction: copying the source keeps every detail, beam search is its own time reference, novelty copies
+    nothing whole."""
+    files = write_template_corpus(tmp_path / "data", num_train=80, num_valid=24, num_test=2, seed=0)
+    out, figure = tmp_path / "novelty", tmp_path / "novelty.png"
+    completed = subprocess.run(
+        [
+            sys.executable, str(ROOT / "benchmarks" / "novelty.py"), str(checkpoint), "--quick",
+            "--train_file", str(files["train"]), "--valid_file", str(files["valid"]),
+            "--output_dir", str(out), "--plot", str(figure),
+        ],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "| beam search |" in completed.stdout and "| novelty 0.5 |" in completed.stdout
+    results = json.loads((out / "results-report.json").read_text())
+    assert results["config"]["pairs"] == 12 and results["config"]["split"] == "report"
+    families = {row["family"] for row in results["settings"].values()}
+    assert families == {"beam", "copy_rule", "z", "uniform", "mirrored", "no_repeat", "repetition"}
+    for name, row in results["settings"].items():
+        assert all(math.isfinite(row["metrics"][key]) for key in ("bleu4", "ibleu", "self_bleu4", "copy_rate")), name
+        assert row["time_s"] > 0
+    assert results["settings"]["beam search"]["time_ratio"] == 1
+    assert results["settings"]["novelty 0.5"]["metrics"]["copy_rate"] == 0
+    assert results["anchors"]["copy the source"]["retention"]["rare"] == 100
+    assert set(results["candidates"]) == {"beam search (5 best beams)", "novelty 0.5"}
+    assert results["candidates"]["novelty 0.5"]["copies_percent"] == 0
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
