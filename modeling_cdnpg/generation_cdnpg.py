@@ -293,7 +293,11 @@ def calibrate_granularity(
     sums, totals = 0.0, torch.zeros(2, device=model.device)
     for start in range(0, len(texts), batch_size):
         batch = tokenizer(
-            list(texts[start : start + batch_size]), padding=True, truncation=True, return_tensors="pt"
+            list(texts[start : start + batch_size]),
+            padding=True,
+            truncation=True,
+            max_length=min(model.config.max_position_embeddings, tokenizer.model_max_length),
+            return_tensors="pt",
         ).to(model.device)
         encoded = model.get_encoder()(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_granularities=True

@@ -323,6 +323,13 @@ def test_calibration_picks_the_layer_that_tells_rare_tokens_from_frequent_ones_a
     assert calibrate_granularity(model, tokenizer, texts, common_tokens=6)["novelty_z_inverted"] is False
 
 
+def test_calibration_reads_texts_longer_than_the_model_takes():
+    tokenizer = train_wordpiece_tokenizer(["how do i learn python ?"] * 3, vocab_size=60, min_frequency=1)
+    model = tiny_model(vocab_size=len(tokenizer))  # 64 positions
+    found = calibrate_granularity(model, tokenizer, ["how do i learn python ? " * 30, "why ?"], common_tokens=3)
+    assert len(found["separation"]) == model.config.encoder_layers
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The pipeline and the command line
 # ---------------------------------------------------------------------------------------------------------------------
