@@ -457,6 +457,19 @@ def test_cli_novelty_prints_distinct_candidates_with_their_scores_best_first(che
     assert empty == "" and "warning: input 2 is empty: no paraphrase" in result.stderr
 
 
+def test_cli_prints_what_the_pipeline_returns(checkpoint):
+    """Through the entry point: one decoding and detokenisation for the command and the pipeline."""
+    result = run_cli("paraphrase", "--model", str(checkpoint), "-n", "2", "--max-new-tokens", "8", SENTENCE)
+    assert result.returncode == 0, result.stderr
+    paraphraser = CDNPGText2TextPipeline(
+        model=CDNPGForConditionalGeneration.from_pretrained(checkpoint),
+        tokenizer=AutoTokenizer.from_pretrained(checkpoint),
+        device="cpu",
+    )
+    expected = paraphraser(SENTENCE, num_beams=8, num_return_sequences=2, max_new_tokens=8)  # the model's 8 beams
+    assert result.stdout == "\t".join(" ".join(c["generated_text"].split()) for c in expected) + "\n"
+
+
 def test_cli_novelty_out_of_range_is_a_usage_error(capsys):
     assert main(["paraphrase", "--model", "m", "text", "--novelty", "1.5"]) == 2
     assert "--novelty must be between 0 and 1" in capsys.readouterr().err
