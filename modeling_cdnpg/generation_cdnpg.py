@@ -7,36 +7,39 @@ is which: z (eq. 4) is ≈ 0 on sentence-level template tokens and ≈ 1 on phra
 
 The rule (reasoning and measurements in docs/novelty.md):
 
-- z is that of the top encoder layer's self-attention (`encoder_granularities[-1]`), computed in the same encoder
-  pass that decoding uses. In the trained models it is the layer that reads as the paper says (names and topics high,
-  "how", "why", "is" low); lower layers are flat or inverted.
+- z is that of one encoder layer's self-attention, computed in the encoder pass that decoding uses: the layer named
+  by `generation_config.novelty_z_layer` (default the top one), read as 1 - z when `novelty_z_inverted`. The
+  resonance mask is nearly symmetric under z -> 1 - z, so which layer reads as the paper says (details high), and
+  which way round, differs between trained models; `calibrate_granularity` finds it and stores it.
 - A source bigram (a, b) (the decoder start token matching the source's first special token, so that the first word
   counts too) weighs w = 1 - max(z_a, z_b) over its non-special tokens: a bigram is as template-like as its most
   detailed token, so that no bigram inside or at the edge of a detail phrase is pushed apart. Bigrams ending in a
-  special token weigh 0 (ending a sentence is never penalised).
+  special token weigh 0 (ending a sentence is never penalised). Given the tokenizer (generate()'s own `tokenizer`
+  argument), words replace tokens: a word's z is its pieces' largest, and a bigram that ends inside a word weighs 0.
 - While decoding, a hypothesis whose last token is a has `novelty * MAX_PENALTY * w` nats taken off token b (the
   largest w when the source has several bigrams (a, ·) ending in b): copying the template costs, copying a detail
   costs nothing. `SourceNgramPenaltyLogitsProcessor` is this rule for any n-gram size and any weights.
-- A hypothesis that equals the source may not end (`NoCopyLogitsProcessor`), unless `allow_copy=True`.
-- A model without granularity heads (`granularity_mask="none"`) has no z: every bigram weighs 1 (a warning says so).
+- A hypothesis that equals the source may not end (`NoCopyLogitsProcessor`), and the source with words appended is a
+  candidate only when there is no other, unless `allow_copy=True`.
+- Without z (`granularity_mask="none"`, or `novelty_z_layer=None`) every bigram weighs 1 (for the former, a warning).
 
 Candidates and ranking: with `num_return_sequences=n` > 1 the n candidates come from n beam searches run one after
 another (ceil(num_beams / n) beams each), each penalised also on the bigrams of the candidates already chosen (detail
 tokens of the source exempt, as above; `DIVERSITY_PENALTY` nats): diverse beam search (Vijayakumar et al., 2018)
 with groups decoded in turn rather than in lockstep, so that it runs on the standard beam search of transformers
-4.57 and 5.x alike. From every group's beams the best one by the score below that is neither the source nor a
-candidate already chosen is kept. Each candidate y of source x is scored
+4.57 and 5.x alike. From every group the best beam that is new (not empty, not chosen before, not the source) is
+kept. Each candidate y of source x is scored
 
     score = log_likelihood - novelty * MAX_PENALTY * source_overlap
 
 with log_likelihood the mean log p(y_t | y_<t, x) over its tokens (end token included) under the model alone,
 without any penalty (teacher-forced), and source_overlap the mean bigram weight w over its tokens (0 for a token that
-does not continue a source bigram): the quantity beam search maximises, computed exactly. Candidates come back best
-first, with their scores (`return_dict_in_generate=True`).
+does not continue a source bigram): the quantity the penalised beam search maximises, computed exactly. Candidates
+come back best first, with their scores (`return_dict_in_generate=True`).
 
 `novelty=0` is the model's own decoding, byte for byte: no penalty, no groups, no copy rule, the beams in their order.
 The encoder runs once per `generate()` call: its output, expanded by transformers over beams and returned
-sequences, serves every group and the rescoring. Copied into every saved checkpoint (remote code): imports only torch
+sequences, serves every group and the scoring. Copied into every saved checkpoint (remote code): imports only torch
 and transformers.
 """
 
