@@ -16,7 +16,9 @@ class BuildPy(build_py):
 
     def run(self) -> None:
         super().run()
-        self.copy_file("model_card.md", str(Path(self.build_lib) / "cdnpg" / "model_card.md"))
+        target = Path(self.build_lib) / "cdnpg"
+        self.mkpath(str(target))  # an editable build copies no modules, so the folder may not exist yet
+        self.copy_file("model_card.md", str(target / "model_card.md"))
 
 
 TRAIN = [  # training/run.py, the metrics, the benchmarks and the granularity figures
