@@ -191,7 +191,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="torch CPU threads per process (default: torch's); 1 is fastest on a CPU shared with other jobs",
     )
-    parser.add_argument("--max_test_samples", type=int, default=None, help="score only the first N test pairs")
+    parser.add_argument(
+        "--max_test_samples",
+        type=int,
+        default=None,
+        help="score only the first N test pairs (of every --extra_test set too)",
+    )
     parser.add_argument("--output_dir", default="runs/quality", help="runs, data splits, results.json")
     parser.add_argument("--plot", default=None, help="write a bar chart of iBLEU and BLEU-4 per model to this file")
     parser.add_argument(
@@ -630,7 +635,10 @@ def main(argv: list[str] | None = None) -> dict:
     results_path = out_dir / "results.json"
     results["models"] = previous_runs(results_path, results["config"])
     started = time.perf_counter()
-    extras = {name: read_pairs(Path(path)) for name, _, path in (extra.partition("=") for extra in args.extra_test)}
+    extras = {
+        name: read_pairs(Path(path), args.max_test_samples)
+        for name, _, path in (extra.partition("=") for extra in args.extra_test)
+    }
     copy_extra = {test: copy_source(pairs, metric, out_dir / COPY / test) for test, pairs in extras.items()}
     record(results, COPY, 0, copy_source(test_pairs, metric, out_dir / COPY), {}, 0.0, copy_extra)
     write_results(results, results_path)
