@@ -290,6 +290,8 @@ def prepare_tokenizer(args: argparse.Namespace, train_file: Path, out_dir: Path)
 
 def recipe_argv(args: argparse.Namespace, files: dict[str, Path], tokenizer: Path, seed: int, out: Path) -> list[str]:
     """`training/run.py` flags shared by every model: data, sizes, optimiser, schedule, selection, decoding."""
+    # whole steps: the Trainer reads a float eval_steps below 1 as a share of training, but 1.0 as "every step"
+    every = str(-(-args.max_steps // args.evaluations))
     argv = [
         "--train_file", str(files["train"]),
         "--validation_file", str(files["valid"]),
@@ -298,7 +300,7 @@ def recipe_argv(args: argparse.Namespace, files: dict[str, Path], tokenizer: Pat
         "--output_dir", str(out),
         "--do_train", "true", "--do_eval", "true", "--do_predict", "true",
         "--eval_strategy", "steps", "--save_strategy", "steps",  # selection by validation loss, every 1/evaluations
-        "--eval_steps", str(1 / args.evaluations), "--save_steps", str(1 / args.evaluations),
+        "--eval_steps", every, "--save_steps", every,
         "--save_only_model", "true",
         "--logging_steps", str(max(1, args.max_steps // 20)),
         "--seed", str(seed),

@@ -109,3 +109,21 @@ def test_report_only_merges_the_seeds_of_another_output_folder(tmp_path):
     assert merged["config"]["seeds"] == [0, 1]
     with pytest.raises(SystemExit, match="max_steps differ"):
         quality.merge_runs(merged, results(2, 30.0, steps=20), "out2")
+
+
+@pytest.mark.parametrize(("max_steps", "evaluations", "every"), [(300, 1, "300"), (1200, 4, "300"), (10, 3, "4")])
+def test_validation_runs_evaluations_times_not_every_step(tmp_path, max_steps, evaluations, every):
+    """eval_steps "1.0" would be read by the Trainer as every step: the recipe passes whole steps."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("quality_under_test", ROOT / "benchmarks" / "quality.py")
+    quality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quality)
+    args = argparse.Namespace(
+        **{**dict.fromkeys(quality.RUN_FLAGS), "max_steps": max_steps, "evaluations": evaluations}
+    )
+    files = {split: tmp_path / f"{split}.jsonl" for split in ("train", "valid", "test")}
+    argv = quality.recipe_argv(args, files, tmp_path / "tokenizer", 0, tmp_path / "out")
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert flags["--eval_steps"] == flags["--save_steps"] == every
