@@ -1,4 +1,5 @@
-"""The `cdnpg` command line and the granularity figure (cdnpg.cli, cdnpg.inference, cdnpg.granularity, cdnpg.figures).
+"""The `cdnpg` command line and the granularity figure (cdnpg.cli, cdnpg.commands, cdnpg.inference, cdnpg.granularity,
+cdnpg.figures).
 
 End-to-end tests run the real entry points in a fresh process (`python -m cdnpg.cli` and the installed `cdnpg`
 script) on a tiny random model saved once per module; each costs a few seconds of imports, so there are few of

@@ -402,7 +402,7 @@ def test_pipeline_gives_nothing_readable_no_paraphrase_and_warns(checkpoint, tex
 
 def test_pipeline_and_cli_detokenise_alike(checkpoint):
     """The command line paraphrases through the pipeline: "what ' s" never reaches the user."""
-    from cdnpg.cli import paraphrase
+    from cdnpg.commands import paraphrase
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     paraphraser = CDNPGText2TextPipeline(model=Copier(vocab_size=len(tokenizer)), tokenizer=tokenizer, device="cpu")
