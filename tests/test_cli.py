@@ -25,7 +25,7 @@ from huggingface_hub import constants
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from cdnpg.cli import main
-from cdnpg.data import train_wordpiece_tokenizer
+from cdnpg.data import model_token_ids, train_wordpiece_tokenizer
 from cdnpg.figures import (
     CELL_WIDTH,
     DPI,
@@ -63,11 +63,7 @@ def train_tokenizer() -> PreTrainedTokenizerFast:
 
 def save_tiny(directory: Path, tokenizer: PreTrainedTokenizerFast, **overrides) -> Path:
     model = tiny_model(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        decoder_start_token_id=tokenizer.cls_token_id,
+        **model_token_ids(tokenizer),
         **overrides,
     )
     with torch.no_grad():  # special tokens score 0: the random model's paraphrases are words, never only [UNK]/[SEP]
