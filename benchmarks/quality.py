@@ -123,16 +123,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
     quora = SHARED / "data" / "quora"
-    parser.add_argument("--train_file", default=None, help=f"training pairs (default: {quora / 'train.jsonl'})")
+    parser.add_argument("--train_file", help=f"training pairs (default: {quora / 'train.jsonl'})")
     parser.add_argument(
         "--valid_file",
-        default=None,
         help="validation pairs (default: the first 2,000 of the shared Quora valid.jsonl)",
     )
-    parser.add_argument("--test_file", default=None, help="test pairs (default: the last 2,000 of the same file)")
+    parser.add_argument("--test_file", help="test pairs (default: the last 2,000 of the same file)")
     parser.add_argument(
         "--tokenizer",
-        default=None,
         help="tokenizer directory (default: train a WordPiece vocabulary on the train file)",
     )
     parser.add_argument(
@@ -144,7 +142,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no_bart", action="store_true", help="skip the transformers BART baseline")
     parser.add_argument(
         "--init_from",
-        default=None,
         help="a BART or BERT-family checkpoint (folder or Hub id) to warm-start the --warm_variants models from",
     )
     parser.add_argument(
@@ -188,17 +185,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--threads",
         type=int,
-        default=None,
         help="torch CPU threads per process (default: torch's); 1 is fastest on a CPU shared with other jobs",
     )
     parser.add_argument(
         "--max_test_samples",
         type=int,
-        default=None,
         help="score only the first N test pairs (of every --extra_test set too)",
     )
     parser.add_argument("--output_dir", default="runs/quality", help="runs, data splits, results.json")
-    parser.add_argument("--plot", default=None, help="write a bar chart of iBLEU and BLEU-4 per model to this file")
+    parser.add_argument("--plot", help="write a bar chart of iBLEU and BLEU-4 per model to this file")
     parser.add_argument(
         "--quick", action="store_true", help="tiny model on the template corpus: < 2 minutes (flags given win)"
     )

@@ -65,6 +65,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import CompileConfig, GenerationConfig
 
 from cdnpg.training import bart_like
+from cdnpg.training.arguments import architecture_fields
 from modeling_cdnpg import GRANULARITY_MASKS, CDNPGConfig, CDNPGForConditionalGeneration, GranularityHead
 from modeling_cdnpg.modeling_cdnpg import CDNPGAttention
 
@@ -73,17 +74,11 @@ PARTS = ("train", "generate", "forward")  # what is timed, in this order at each
 BART = "bart"
 # The paper's model is CDNPGConfig's defaults (with bert-base-uncased's vocabulary and special ids); --quick shrinks it.
 PAPER_MODEL: dict[str, int] = {}
-QUICK_MODEL = dict(
-    vocab_size=512,
-    d_model=32,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-    max_position_embeddings=64,
-)
+QUICK_MODEL = {
+    "vocab_size": 512,
+    **architecture_fields(d_model=32, layers=2, attention_heads=4, ffn_dim=64),
+    "max_position_embeddings": 64,
+}
 
 TARGETS = {  # target name -> (comparison, bound, what is bounded)
     "train_ga_vs_none": ("<=", 1.10, "GA / none"),
@@ -92,18 +87,12 @@ TARGETS = {  # target name -> (comparison, bound, what is bounded)
     "train_warm_vs_bart": ("<=", 1.15, "warm start / BART"),
 }
 # A warm-started model (cdnpg convert of all-MiniLM-L6-v2): its dimensions, for the "minilm:" runners
-MINILM_MODEL = dict(
-    d_model=384,
-    encoder_layers=6,
-    decoder_layers=6,
-    encoder_attention_heads=12,
-    decoder_attention_heads=12,
-    encoder_ffn_dim=1536,
-    decoder_ffn_dim=1536,
-    activation_function="gelu",
-    layernorm_embedding=True,
-    layer_norm_eps=1e-12,
-)
+MINILM_MODEL = {
+    **architecture_fields(d_model=384, layers=6, attention_heads=12, ffn_dim=1536),
+    "activation_function": "gelu",
+    "layernorm_embedding": True,
+    "layer_norm_eps": 1e-12,
+}
 WARM = "minilm:"  # runner prefix: the model with MINILM_MODEL's dimensions
 
 
@@ -400,10 +389,11 @@ def measure(args, bench: Bench, model_kw: dict, length: int, part: str, plan: li
     for name in names:
         if runner_model(name) not in models:
             models[runner_model(name)] = build_model(model_kw, *runner_model(name), args.seed)
-    if part == "forward":
+    if part in ("forward", "train"):
         batch = train_batch(args, length)
-        runners = {name: bench.forward(models[runner_model(name)], batch, length) for name in names}
-        log(f"[{tag}] forward: batch {batch}, {len(runners)} models, {args.warmup} warm-up, {repeats} rounds")
+        step, label = (bench.forward, "forward") if part == "forward" else (bench.train_step, "training")
+        runners = {name: step(models[runner_model(name)], batch, length) for name in names}
+        log(f"[{tag}] {label}: batch {batch}, {len(runners)} models, {args.warmup} warm-up, {repeats} rounds")
         clocks, peaks = bench.interleaved(runners, repeats, args.warmup, memory)
         entry = {
             "batch_size": batch,
@@ -411,18 +401,8 @@ def measure(args, bench: Bench, model_kw: dict, length: int, part: str, plan: li
             "throughput_unit": "target tokens (batch * seq_len) per wall-clock second",
             **summarize(clocks, args.clock, peaks, batch * length),
         }
-    elif part == "train":
-        batch = train_batch(args, length)
-        runners = {name: bench.train_step(models[runner_model(name)], batch, length) for name in names}
-        log(f"[{tag}] training: batch {batch}, {len(runners)} models, {args.warmup} warm-up, {repeats} rounds")
-        clocks, peaks = bench.interleaved(runners, repeats, args.warmup, memory)
-        entry = {
-            "batch_size": batch,
-            "repeats": repeats,
-            "throughput_unit": "target tokens (batch * seq_len) per wall-clock second",
-            **summarize(clocks, args.clock, peaks, batch * length),
-            "parameters": {n: sum(p.numel() for p in models[runner_model(n)].parameters()) for n in names},
-        }
+        if part == "train":
+            entry["parameters"] = {n: sum(p.numel() for p in models[runner_model(n)].parameters()) for n in names}
     else:
         batch, new_tokens = generation_shape(args, length)
         runners = {

@@ -9,358 +9,41 @@ z of every layer) for any sentence.
 Exit codes: 0 success; 1 runtime error (a model or input file that is missing or cannot be loaded, a failure while
 running); 2 usage error (a malformed command line: unknown option, bad value, options that contradict each other,
 an unsupported --out suffix). Errors are one line on stderr; `-v` adds the traceback. See docs/cli.md.
+
+This module is the command line itself (parser, logging, exit codes); what each subcommand does is in
+`cdnpg.commands`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import re
 import sys
-import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from collections.abc import Iterator
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-    from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
+from cdnpg.commands import (
+    EXIT_ERROR,
+    EXIT_USAGE,
+    CLIError,
+    check_convert,
+    check_granularity,
+    check_paraphrase,
+    run_convert,
+    run_granularity,
+    run_paraphrase,
+)
 
 logger = logging.getLogger("cdnpg.cli")  # not __name__: `python -m cdnpg.cli` runs it as __main__
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
-
-
-class CLIError(Exception):
-    """An error the user can act on: reported as one line on stderr, exit code 1."""
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Model loading
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def resolve_device(name: str) -> str:
-    """`auto` -> cuda when available, else cpu; a CUDA device that is not there is an error, not a silent fallback."""
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise CLIError(f"--device {name}: CUDA is not available on this machine (use --device cpu or auto)")
-    return name
-
-
-def load_model(
-    name_or_path: str, device: str = "auto", trust_remote_code: bool = False
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model and tokenizer through the Auto classes, from a local directory or a Hub repo id, in eval mode.
-
-    A missing model fails at once, naming the path, before torch is imported or the Hub asked
-    (`cdnpg.hub.resolve_model_source`).
-    """
-    from cdnpg.hub import resolve_model_source
-
-    try:
-        source = resolve_model_source(name_or_path)
-    except FileNotFoundError as err:
-        raise CLIError(f"--model {err}") from err
-    where = "directory"
-    if not Path(source).is_dir():
-        logger.info("%s: no such directory, trying it as a Hugging Face Hub repo", name_or_path)
-        where = "no such directory; as a Hub repo"
-
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes: local checkpoints need no remote code)
-
-    device = resolve_device(device)
-    logger.info("loading %s on %s", name_or_path, device)
-    try:  # the model first: a wrong path or repo fails on its config.json, before any tokenizer file is tried
-        model = AutoModelForSeq2SeqLM.from_pretrained(source, trust_remote_code=trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CLIError(f"--model {name_or_path}: cannot load it ({where}): {reason}") from err
-    return model.to(device).eval(), tokenizer
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# paraphrase
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def paraphrase(
-    paraphraser: CDNPGText2TextPipeline,
-    texts: Sequence[str],
-    num_beams: int | None = None,
-    num_return_sequences: int = 1,
-    max_new_tokens: int | None = None,
-    novelty: float | None = None,
-    first_index: int = 1,
-) -> list[list[dict[str, str | float]]]:
-    """The candidates of each text, through the text2text pipeline (so the command and the pipeline decode and
-    detokenise alike), as one batch: `{"generated_text": ...}`, with `novelty` also `"score"` and its parts.
-
-    A text with nothing to paraphrase (empty, blank, or only unknown tokens: `pipeline_cdnpg.unreadable`) gets none,
-    with a warning. Inputs longer than the model takes are truncated to that (not to the paper's 20 tokens), with a
-    warning. `first_index` numbers the texts in warnings (their line number in the input).
-    """
-    from cdnpg.inference import generation_kwargs, input_limit, warn_long_inputs
-    from modeling_cdnpg.pipeline_cdnpg import unreadable
-
-    model, tokenizer = paraphraser.model, paraphraser.tokenizer
-    todo = []
-    for offset, text in enumerate(texts):
-        problem = unreadable(tokenizer, text)
-        if problem:
-            logger.warning("input %d %s: no paraphrase", first_index + offset, problem)
-        else:
-            todo.append(offset)
-    results: list[list[dict[str, str | float]]] = [[] for _ in texts]
-    if not todo:
-        return results
-    sources = [texts[o].strip() for o in todo]
-    longest = warn_long_inputs(tokenizer, sources, *input_limit(model, tokenizer), [first_index + o for o in todo])
-    diverse = bool(novelty)  # novelty > 0: one beam search per candidate, so the beam size need not reach -n
-    settings = generation_kwargs(
-        model,
-        longest,
-        num_beams=num_beams,
-        num_return_sequences=1 if diverse else num_return_sequences,
-        max_new_tokens=max_new_tokens,
-    )
-    settings["num_return_sequences"] = num_return_sequences
-    if novelty is not None:
-        settings["novelty"] = novelty
-    for offset, candidates in zip(todo, paraphraser(sources, batch_size=len(sources), **settings)):
-        for candidate in candidates:  # one line each: no tabs or newlines inside
-            candidate["generated_text"] = " ".join(candidate["generated_text"].split())
-        results[offset] = candidates
-    return results
-
-
-def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _stdin_lines() -> Iterator[str]:
-    if sys.stdin.isatty():
-        logger.info("reading sentences from stdin, one per line; end with Ctrl-D")
-    for line in sys.stdin:
-        yield line.rstrip("\r\n")
-
-
-def _check_paraphrase(args: argparse.Namespace) -> str | None:
-    if args.text and args.input:
-        return "give sentences as arguments or with --input FILE, not both"
-    if args.batch_size < 1:
-        return f"--batch-size must be at least 1, got {args.batch_size}"
-    if args.num_return_sequences < 1:
-        return f"--num-return-sequences must be at least 1, got {args.num_return_sequences}"
-    if args.novelty is not None and not 0 <= args.novelty <= 1:
-        return f"--novelty must be between 0 and 1, got {args.novelty}"
-    if not args.novelty and args.num_beams is not None and args.num_return_sequences > args.num_beams:
-        return (
-            f"--num-return-sequences {args.num_return_sequences} cannot exceed --num-beams {args.num_beams} "
-            "(beam search returns at most one sequence per beam; with --novelty above 0 it can)"
-        )
-    return _check_generation(args)
-
-
-def _run_paraphrase(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
-    if args.input is not None and not Path(args.input).is_file():
-        raise CLIError(f"--input {args.input}: no such file")
-    if args.output is not None and not Path(args.output).resolve().parent.is_dir():
-        raise CLIError(f"--output {args.output}: its directory does not exist")
-    model, tokenizer = load_model(args.model, args.device, args.trust_remote_code)
-    from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
-
-    paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
-
-    total = None
-    if args.text:
-        lines: Iterable[str] = args.text
-    elif args.input is not None:
-        lines = Path(args.input).read_text(encoding="utf-8").splitlines()
-        total = len(lines)
-    else:
-        lines = _stdin_lines()
-
-    out: TextIO = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
-    progress = tqdm(total=total, unit="sentence", disable=None if total else True, file=sys.stderr)
-    written, reported = 0, set()
-    try:
-        with (
-            logging_redirect_tqdm(loggers=[logging.getLogger("cdnpg")]),
-            warnings.catch_warnings(record=True) as caught,
-        ):
-            warnings.simplefilter("always")  # the model's warnings (e.g. "no z"), once each, as the command's
-            for batch in _batched(lines, args.batch_size):
-                results = paraphrase(
-                    paraphraser,
-                    batch,
-                    num_beams=args.num_beams,
-                    num_return_sequences=args.num_return_sequences,
-                    max_new_tokens=args.max_new_tokens,
-                    novelty=args.novelty,
-                    first_index=written + 1,
-                )
-                for message in [str(warning.message) for warning in caught]:
-                    if message not in reported:
-                        logger.warning("%s", message)
-                        reported.add(message)
-                caught.clear()
-                for source, candidates in zip(batch, results):
-                    out.write(_format(source, candidates, jsonl=bool(args.output)) + "\n")
-                out.flush()  # stream: a pipe sees each batch as soon as it is done
-                written += len(batch)
-                progress.update(len(batch))
-    finally:
-        progress.close()
-        if out is not sys.stdout:
-            out.close()
-    if args.output:
-        logger.info("wrote %d lines to %s", written, args.output)
-    return EXIT_OK
-
-
-def _format(source: str, candidates: list[dict[str, str | float]], jsonl: bool) -> str:
-    """One output line: the candidates separated by tabs, each followed by its score (with --novelty); or JSON."""
-    texts = [candidate["generated_text"] for candidate in candidates]
-    scores = [round(candidate["score"], 4) for candidate in candidates if "score" in candidate]
-    if jsonl:
-        return json.dumps(
-            {"source": source, "paraphrases": texts, **({"scores": scores} if scores else {})}, ensure_ascii=False
-        )
-    if scores:
-        return "\t".join(f"{text}\t{score:.3f}" for text, score in zip(texts, scores))
-    return "\t".join(texts)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# granularity
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _check_granularity(args: argparse.Namespace) -> str | None:
-    from cdnpg.figures import FIGURE_SUFFIXES
-
-    if not args.out and not args.show:
-        return "nothing to do: give --out FILE (.png, .svg, .pdf or .html) and/or --show"
-    for out in args.out:
-        if Path(out).suffix.lower() not in FIGURE_SUFFIXES:
-            allowed = ", ".join(FIGURE_SUFFIXES)
-            return f"--out {out}: unsupported file type {Path(out).suffix or '(none)'!r}; use one of {allowed}"
-    if not args.text.strip():
-        return "the sentence is empty"
-    return _check_generation(args)
-
-
-def _use_color() -> bool:
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
-
-
-def _run_granularity(args: argparse.Namespace) -> int:
-    from cdnpg.figures import render, render_text
-    from cdnpg.granularity import GranularityUnavailableError, word_granularities
-
-    for out in args.out:
-        if not Path(out).resolve().parent.is_dir():
-            raise CLIError(f"--out {out}: its directory does not exist")
-    model, tokenizer = load_model(args.model, args.device, args.trust_remote_code)
-    try:
-        rows = word_granularities(
-            model,
-            tokenizer,
-            args.text,
-            decoder=args.decoder,
-            num_beams=args.num_beams,
-            max_new_tokens=args.max_new_tokens,
-        )
-    except GranularityUnavailableError as err:
-        raise CLIError(f"--model {args.model}: {err}") from err
-    for out in args.out:
-        logger.info("wrote %s", render(rows, out))
-    if args.show:
-        sys.stdout.write(render_text(rows, color=_use_color()))
-    return EXIT_OK
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# convert
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _check_convert(args: argparse.Namespace) -> str | None:
-    from modeling_cdnpg.configuration_cdnpg import GRANULARITY_MASK_MODES, GRANULARITY_MASKS
-
-    for option, value, allowed in (
-        ("--granularity-mask", args.granularity_mask, GRANULARITY_MASKS),
-        ("--granularity-mask-mode", args.granularity_mask_mode, GRANULARITY_MASK_MODES),
-    ):
-        if value not in allowed:
-            return f"{option} {value!r}: choose one of {', '.join(allowed)}"
-    if Path(args.output).exists() and any(Path(args.output).iterdir()) and not args.overwrite:
-        return f"{args.output} exists and is not empty: choose another folder, or pass --overwrite"
-    return None
-
-
-def _run_convert(args: argparse.Namespace) -> int:
-    from cdnpg.convert import convert
-    from cdnpg.hub import checkpoint_name, resolve_model_source, save_checkpoint
-
-    try:
-        resolve_model_source(args.source)
-    except FileNotFoundError as err:
-        raise CLIError(f"SOURCE {err}") from err
-    options = {
-        "granularity_mask": args.granularity_mask,
-        "granularity_mask_mode": args.granularity_mask_mode,
-        "cross_attention_granularity": not args.no_cross_attention_granularity,
-    }
-    model, tokenizer = convert(args.source, **options)
-    summary = (
-        f"Converted from `{checkpoint_name(args.source)}` ({model.config.encoder_layers} + {model.config.decoder_layers} layers, "
-        f"d {model.config.d_model}) with `cdnpg convert`; not trained for paraphrasing yet."
-    )
-    save_checkpoint(model, tokenizer, args.output, training_summary=summary, warm_start=checkpoint_name(args.source))
-    new = sum(p.numel() for name, p in model.named_parameters() if "granularity_head" in name)
-    logger.info(
-        "wrote %s (%s parameters, %s of them new granularity heads)",
-        args.output,
-        f"{model.num_parameters():,}",
-        f"{new:,}",
-    )
-    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Parser and entry point
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def _check_generation(args: argparse.Namespace) -> str | None:
-    if args.num_beams is not None and args.num_beams < 1:
-        return f"--num-beams must be at least 1, got {args.num_beams}"
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        return f"--max-new-tokens must be at least 1, got {args.max_new_tokens}"
-    return None
 
 
 def _device(value: str) -> str:
@@ -450,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="0 to 1: how far from the input's wording (its template; details are kept); with it, -n diverse "
         "candidates, best first, each followed by its score (default: the model's own decoding). See docs/cli.md",
     )
-    para.set_defaults(check=_check_paraphrase, run=_run_paraphrase, parser=para)
+    para.set_defaults(check=check_paraphrase, run=run_paraphrase, parser=para)
 
     gran = commands.add_parser(
         "granularity",
@@ -474,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also the decoder layers' self-attention z over the model's own paraphrase of the sentence",
     )
     gran.add_argument("--show", action="store_true", help="print a words x layers table of z to stdout")
-    gran.set_defaults(check=_check_granularity, run=_run_granularity, parser=gran)
+    gran.set_defaults(check=check_granularity, run=run_granularity, parser=gran)
 
     conv = commands.add_parser(
         "convert",
@@ -498,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conv.add_argument("--overwrite", action="store_true", help="write into a non-empty OUTPUT folder")
     conv.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors")
-    conv.set_defaults(check=_check_convert, run=_run_convert, parser=conv)
+    conv.set_defaults(check=check_convert, run=run_convert, parser=conv)
     return parser
 
 

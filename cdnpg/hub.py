@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, constants, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
@@ -169,26 +169,20 @@ def save_checkpoint(
     tokenizer: PreTrainedTokenizerBase,
     output_dir: str | os.PathLike,
     model_id: str | None = None,
-    metrics: Mapping[str, float] | None = None,
-    dataset: str | None = None,
-    training_summary: str | None = None,
-    max_length: int = 20,
-    warm_start: str | None = None,
+    **card: Any,
 ) -> Path:
     """Write model, tokenizer and model card to `output_dir` as one staged step (`staged_directory`): a failure
     leaves an earlier checkpoint there as it was. The card is rendered first, so that a problem with it writes
-    nothing."""
+    nothing. `card`: what else the card shows, as `render_model_card` takes it (metrics, dataset, ...)."""
     from cdnpg.data import save_tokenizer
     from modeling_cdnpg.modeling_cdnpg import staged_directory
 
     target = Path(output_dir)
-    card = render_model_card(
-        model, model_id or target.name, metrics, dataset, training_summary, max_length, warm_start=warm_start
-    )
+    readme = render_model_card(model, model_id or target.name, **card)
     with staged_directory(target) as folder:
         model.save_pretrained(folder)  # `folder` is new or empty: the model's own save writes in place, not staged
         save_tokenizer(tokenizer, folder)
-        (folder / "README.md").write_text(card, encoding="utf-8")
+        (folder / "README.md").write_text(readme, encoding="utf-8")
     return target
 
 

@@ -462,29 +462,39 @@ class CDNPGAttention(nn.Module):
         return self.out_proj(attn_output), attn_weights if output_attentions else None, z_query
 
 
-class CDNPGEncoderLayer(GradientCheckpointingLayer):
+class CDNPGLayer(GradientCheckpointingLayer):
+    """What the encoder and decoder layers share: post-LayerNorm sublayers, H = LN(H + Sublayer(H)), of which the
+    last is the feed-forward network."""
+
+    def add_feed_forward(self, config: CDNPGConfig, ffn_dim: int) -> None:
+        """The feed-forward sublayer, added after the attention sublayers (modules are registered in that order)."""
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        ffn_output = self.fc2(self.dropout(self.activation_fn(self.fc1(hidden_states))))
+        return self.final_layer_norm(hidden_states + self.dropout(ffn_output))
+
+
+class CDNPGEncoderLayer(CDNPGLayer):
     """Eq. 3, post-LayerNorm: H = LN(H + GA-SelfAttn(H)); H = LN(H + FFN(H))."""
 
     def __init__(self, config: CDNPGConfig, layer_idx: int):
         super().__init__()
-        eps = config.layer_norm_eps
         self.self_attn = CDNPGAttention(config, config.encoder_attention_heads, layer_idx, config.granularity_mask)
-        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
-        self.fc1 = nn.Linear(config.d_model, config.encoder_ffn_dim)
-        self.fc2 = nn.Linear(config.encoder_ffn_dim, config.d_model)
-        self.activation_fn = ACT2FN[config.activation_function]
-        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
-        self.dropout = nn.Dropout(config.dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.add_feed_forward(config, config.encoder_ffn_dim)
 
     def forward(self, hidden_states: torch.Tensor, layout: AttentionLayout, output_attentions: bool = False):
         attn_output, attn_weights, z = self.self_attn(hidden_states, layout, output_attentions=output_attentions)
         hidden_states = self.self_attn_layer_norm(hidden_states + self.dropout(attn_output))
-        ffn_output = self.fc2(self.dropout(self.activation_fn(self.fc1(hidden_states))))
-        hidden_states = self.final_layer_norm(hidden_states + self.dropout(ffn_output))
-        return hidden_states, attn_weights, z
+        return self.feed_forward(hidden_states), attn_weights, z
 
 
-class CDNPGDecoderLayer(GradientCheckpointingLayer):
+class CDNPGDecoderLayer(CDNPGLayer):
     """Eq. 10, post-LayerNorm: causal GA-self-attention, GA-cross-attention over the encoder, feed-forward."""
 
     def __init__(self, config: CDNPGConfig, layer_idx: int):
@@ -497,11 +507,7 @@ class CDNPGDecoderLayer(GradientCheckpointingLayer):
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
         self.encoder_attn = CDNPGAttention(config, heads, layer_idx, cross_kind, is_cross_attention=True)
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
-        self.fc1 = nn.Linear(config.d_model, config.decoder_ffn_dim)
-        self.fc2 = nn.Linear(config.decoder_ffn_dim, config.d_model)
-        self.activation_fn = ACT2FN[config.activation_function]
-        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
-        self.dropout = nn.Dropout(config.dropout)
+        self.add_feed_forward(config, config.decoder_ffn_dim)
 
     def forward(
         self,
@@ -524,9 +530,7 @@ class CDNPGDecoderLayer(GradientCheckpointingLayer):
             output_attentions=output_attentions,
         )
         hidden_states = self.encoder_attn_layer_norm(hidden_states + self.dropout(attn_output))
-        ffn_output = self.fc2(self.dropout(self.activation_fn(self.fc1(hidden_states))))
-        hidden_states = self.final_layer_norm(hidden_states + self.dropout(ffn_output))
-        return hidden_states, self_weights, cross_weights, self_z, cross_z
+        return self.feed_forward(hidden_states), self_weights, cross_weights, self_z, cross_z
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -651,13 +655,14 @@ class CDNPGPreTrainedModel(PreTrainedModel):
 
 
 class CDNPGStack(CDNPGPreTrainedModel):
-    """What the encoder and the decoder share: token and learned position embeddings, then an optional LayerNorm.
+    """What the encoder and the decoder share: token and learned position embeddings, then an optional LayerNorm;
+    `num_layers` layers run in turn; the output flags a call leaves out are the config's.
 
     The paper's model adds token and position embeddings (eq. 3); BART and BERT checkpoints also scale the tokens
     and/or normalise the sum (`scale_embedding`, `layernorm_embedding`, `position_offset`).
     """
 
-    def __init__(self, config: CDNPGConfig):
+    def __init__(self, config: CDNPGConfig, layer_class: type[CDNPGLayer], num_layers: int):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
@@ -666,16 +671,30 @@ class CDNPGStack(CDNPGPreTrainedModel):
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.layernorm_embedding else None
         )
         self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
         self.gradient_checkpointing = False
+        self.post_init()
+
+    def output_flags(self, output_attentions: bool | None, output_hidden_states: bool | None) -> tuple[bool, bool]:
+        if output_attentions is None:
+            output_attentions = self.config.output_attentions
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        return output_attentions, output_hidden_states
 
     def embed(
-        self, input_ids: torch.LongTensor | None, inputs_embeds: torch.Tensor | None, positions: torch.Tensor
-    ) -> torch.Tensor:
-        """Token (scaled when `scale_embedding`; `inputs_embeds` are taken as given) plus position embeddings."""
+        self,
+        input_ids: torch.LongTensor | None,
+        inputs_embeds: torch.Tensor | None,
+        past_length: int | torch.Tensor = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token (scaled when `scale_embedding`; `inputs_embeds` are taken as given) plus position embeddings, and the
+        positions: `past_length` onwards, after the tokens already in a cache."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Pass exactly one of input_ids or inputs_embeds to the {type(self).__name__}.")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale
+        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
         if not torch.compiler.is_compiling():  # a static cache's length is a tensor: no Python check while compiled
             last = int(positions[-1]) if positions.numel() else 0
             if last >= self.config.max_position_embeddings:
@@ -687,16 +706,25 @@ class CDNPGStack(CDNPGPreTrainedModel):
         hidden_states = inputs_embeds + self.embed_positions(positions + self.config.position_offset)
         if self.layernorm_embedding is not None:
             hidden_states = self.layernorm_embedding(hidden_states)
-        return self.dropout(hidden_states)
+        return self.dropout(hidden_states), positions
+
+    def run_layers(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, tuple, tuple]:
+        """Every layer in turn (the other arguments are passed to each as given). Returns the last hidden states, the
+        input of every layer followed by the last hidden states, and what else the layers return (attention
+        weights, z), one tuple over the layers for each."""
+        all_hidden, per_layer = [hidden_states], []
+        for layer in self.layers:
+            hidden_states, *extras = layer(hidden_states, *args, **kwargs)
+            all_hidden.append(hidden_states)
+            per_layer.append(extras)
+        return hidden_states, tuple(all_hidden), tuple(zip(*per_layer))
 
 
 class CDNPGEncoder(CDNPGStack):
     """Eq. 3 stacked `encoder_layers` times over token + learned position embeddings."""
 
     def __init__(self, config: CDNPGConfig):
-        super().__init__(config)
-        self.layers = nn.ModuleList([CDNPGEncoderLayer(config, i) for i in range(config.encoder_layers)])
-        self.post_init()
+        super().__init__(config, CDNPGEncoderLayer, config.encoder_layers)
 
     @can_return_tuple
     def forward(
@@ -715,37 +743,27 @@ class CDNPGEncoder(CDNPGStack):
             input, no sentence pairs).
         output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer.
         """
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError(
                 "token_type_ids: C-DNPG has no segment embeddings, so every token must be in segment 0; encode one "
                 "sentence per input (no text pairs)."
             )
-        reference = input_ids if input_ids is not None else inputs_embeds
-        batch_size, seq_len = reference.shape[:2]
-        positions = torch.arange(seq_len, device=reference.device)
-        hidden_states = self.embed(input_ids, inputs_embeds, positions)
+        hidden_states, positions = self.embed(input_ids, inputs_embeds)
         if attention_mask is None:
-            attention_mask = torch.ones(batch_size, seq_len, device=hidden_states.device)
+            attention_mask = torch.ones(hidden_states.shape[:2], device=hidden_states.device)
         # N of eq. 8 is each sentence's own number of real tokens: batch composition never changes an output
         materialize = not masks_in_kernel(self.config, output_attentions)
         layout = AttentionLayout.build(attention_mask.bool(), positions, causal=False, materialize=materialize)
 
-        all_hidden, all_attentions, all_z = [], [], []
-        for layer in self.layers:
-            all_hidden.append(hidden_states)
-            hidden_states, attn_weights, z = layer(hidden_states, layout, output_attentions=output_attentions)
-            all_attentions.append(attn_weights)
-            all_z.append(z)
-        all_hidden.append(hidden_states)
+        hidden_states, all_hidden, (attentions, z) = self.run_layers(
+            hidden_states, layout, output_attentions=output_attentions
+        )
         return CDNPGEncoderOutput(
             last_hidden_state=hidden_states,
-            hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(all_attentions) if output_attentions else None,
-            granularities=tuple(all_z) if output_granularities and all_z[0] is not None else None,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=attentions if output_attentions else None,
+            granularities=z if output_granularities and z[0] is not None else None,
         )
 
 
@@ -753,9 +771,7 @@ class CDNPGDecoder(CDNPGStack):
     """Eq. 10 stacked `decoder_layers` times; incremental with any `EncoderDecoderCache` (dynamic or static)."""
 
     def __init__(self, config: CDNPGConfig):
-        super().__init__(config)
-        self.layers = nn.ModuleList([CDNPGDecoderLayer(config, i) for i in range(config.decoder_layers)])
-        self.post_init()
+        super().__init__(config, CDNPGDecoderLayer, config.decoder_layers)
 
     @can_return_tuple
     def forward(
@@ -777,10 +793,7 @@ class CDNPGDecoder(CDNPGStack):
         past_key_values (`EncoderDecoderCache`, *optional*): a cache to extend; an empty transformers cache
             (dynamic or static) is wrapped into a `GranularityCache`, which the output returns.
         """
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if encoder_hidden_states is None:
             raise ValueError("The decoder needs encoder_hidden_states (run the encoder first).")
         if self.gradient_checkpointing and self.training:
@@ -799,12 +812,10 @@ class CDNPGDecoder(CDNPGStack):
         ):
             past_key_values = GranularityCache.wrap(past_key_values)
 
-        reference = input_ids if input_ids is not None else inputs_embeds
-        batch_size, num_queries = reference.shape[:2]
-        device = reference.device
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        query_positions = torch.arange(num_queries, device=device) + past_length
-        hidden_states = self.embed(input_ids, inputs_embeds, query_positions)
+        hidden_states, query_positions = self.embed(input_ids, inputs_embeds, past_length)
+        batch_size, num_queries = hidden_states.shape[:2]
+        device = hidden_states.device
 
         # keys: the cached and new tokens, or every slot of a preallocated (static) cache, later ones masked as future
         capacity = cache_capacity(past_key_values) if past_key_values is not None else None
@@ -827,30 +838,22 @@ class CDNPGDecoder(CDNPGStack):
         self_layout = AttentionLayout.build(key_padding, query_positions, causal=True, materialize=materialize)
         cross_layout = AttentionLayout.cross(encoder_attention_mask.bool(), query_positions, materialize=materialize)
 
-        all_hidden, self_attentions, cross_attentions, self_z, cross_z = [], [], [], [], []
-        for layer in self.layers:
-            all_hidden.append(hidden_states)
-            hidden_states, self_weights, cross_weights, z_self, z_cross = layer(
-                hidden_states,
-                encoder_hidden_states,
-                self_layout,
-                cross_layout,
-                past_key_values=past_key_values,
-                output_attentions=output_attentions,
-            )
-            self_attentions.append(self_weights)
-            cross_attentions.append(cross_weights)
-            self_z.append(z_self)
-            cross_z.append(z_cross)
-        all_hidden.append(hidden_states)
+        hidden_states, all_hidden, (self_attentions, cross_attentions, self_z, cross_z) = self.run_layers(
+            hidden_states,
+            encoder_hidden_states,
+            self_layout,
+            cross_layout,
+            past_key_values=past_key_values,
+            output_attentions=output_attentions,
+        )
         return CDNPGDecoderOutput(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values if use_cache else None,
-            hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(self_attentions) if output_attentions else None,
-            cross_attentions=tuple(cross_attentions) if output_attentions else None,
-            granularities=tuple(self_z) if output_granularities and self_z[0] is not None else None,
-            cross_granularities=tuple(cross_z) if output_granularities and cross_z[0] is not None else None,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=self_attentions if output_attentions else None,
+            cross_attentions=cross_attentions if output_attentions else None,
+            granularities=self_z if output_granularities and self_z[0] is not None else None,
+            cross_granularities=cross_z if output_granularities and cross_z[0] is not None else None,
         )
 
 
@@ -1053,20 +1056,9 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
                 logits, labels.contiguous(), self.config.vocab_size, num_items_in_batch=num_items_in_batch
             )
 
-        return CDNPGSeq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-            encoder_granularities=outputs.encoder_granularities,
-            decoder_granularities=outputs.decoder_granularities,
-            cross_granularities=outputs.cross_granularities,
-        )
+        # everything the bare model returns but its last hidden state, which the logits replace
+        model_outputs = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        return CDNPGSeq2SeqLMOutput(loss=loss, logits=logits, **model_outputs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by `DataCollatorForSeq2Seq` to build decoder inputs in the collator."""

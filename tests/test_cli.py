@@ -1,4 +1,5 @@
-"""The `cdnpg` command line and the granularity figure (cdnpg.cli, cdnpg.inference, cdnpg.granularity, cdnpg.figures).
+"""The `cdnpg` command line and the granularity figure (cdnpg.cli, cdnpg.commands, cdnpg.inference, cdnpg.granularity,
+cdnpg.figures).
 
 End-to-end tests run the real entry points in a fresh process (`python -m cdnpg.cli` and the installed `cdnpg`
 script) on a tiny random model saved once per module; each costs a few seconds of imports, so there are few of
@@ -24,7 +25,7 @@ from huggingface_hub import constants
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from cdnpg.cli import main
-from cdnpg.data import train_wordpiece_tokenizer
+from cdnpg.data import model_token_ids, train_wordpiece_tokenizer
 from cdnpg.figures import (
     CELL_WIDTH,
     DPI,
@@ -62,11 +63,7 @@ def train_tokenizer() -> PreTrainedTokenizerFast:
 
 def save_tiny(directory: Path, tokenizer: PreTrainedTokenizerFast, **overrides) -> Path:
     model = tiny_model(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        decoder_start_token_id=tokenizer.cls_token_id,
+        **model_token_ids(tokenizer),
         **overrides,
     )
     with torch.no_grad():  # special tokens score 0: the random model's paraphrases are words, never only [UNK]/[SEP]

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from cdnpg.data import template_corpus, train_wordpiece_tokenizer
+from cdnpg.data import model_token_ids, template_corpus, train_wordpiece_tokenizer
 from cdnpg.hub import save_checkpoint
 from tests.conftest import SHARED, tiny_model
 
@@ -235,13 +235,7 @@ def checkpoint(tmp_path_factory) -> Path:
     """One tiny checkpoint, as run.py saves one (weights, remote code, tokenizer, card), shared by every snippet."""
     corpus = template_corpus(num_train=300, num_valid=10, num_test=10, seed=0)["train"]
     tokenizer = train_wordpiece_tokenizer([*corpus["source"], *corpus["target"]], vocab_size=300, min_frequency=1)
-    model = tiny_model(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        decoder_start_token_id=tokenizer.cls_token_id,
-    )
+    model = tiny_model(**model_token_ids(tokenizer))
     return save_checkpoint(model, tokenizer, tmp_path_factory.mktemp("docs") / "tiny")
 
 

@@ -24,7 +24,7 @@ import yaml
 from huggingface_hub import ModelCard, constants
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from cdnpg.data import TEMPLATE_FAMILIES, load_tokenizer, template_corpus, train_wordpiece_tokenizer
+from cdnpg.data import TEMPLATE_FAMILIES, load_tokenizer, model_token_ids, template_corpus, train_wordpiece_tokenizer
 from cdnpg.hub import model_card_template, resolve_model_source, save_checkpoint
 from modeling_cdnpg import CDNPGForConditionalGeneration
 from tests.conftest import SHARED, tiny_model
@@ -71,11 +71,7 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def model(tokenizer):
     return tiny_model(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        decoder_start_token_id=tokenizer.cls_token_id,
+        **model_token_ids(tokenizer),
         granularity_mask="product",
     )
 
@@ -356,13 +352,7 @@ def test_checkpoint_with_the_papers_bert_tokenizer_generates_from_its_tokenizer_
     if not bert_dir.is_dir():
         pytest.skip(f"shared tokenizer not found at {bert_dir}")
     bert = load_tokenizer(bert_dir)
-    model = tiny_model(
-        vocab_size=len(bert),
-        pad_token_id=bert.pad_token_id,
-        bos_token_id=bert.cls_token_id,
-        eos_token_id=bert.sep_token_id,
-        decoder_start_token_id=bert.cls_token_id,
-    )
+    model = tiny_model(**model_token_ids(bert))
     checkpoint = save_checkpoint(model, bert, tmp_path / "bert-checkpoint")
     for python in [param.values[0] for param in PYTHONS]:
         got = run_isolated(

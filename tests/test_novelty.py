@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from cdnpg.cli import main
-from cdnpg.data import template_corpus, train_wordpiece_tokenizer, write_template_corpus
+from cdnpg.data import model_token_ids, template_corpus, train_wordpiece_tokenizer, write_template_corpus
 from cdnpg.hub import save_checkpoint
 from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGText2TextPipeline
 from modeling_cdnpg.generation_cdnpg import (
@@ -343,13 +343,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, tokenizer):
-    model = tiny_model(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        decoder_start_token_id=tokenizer.cls_token_id,
-    )
+    model = tiny_model(**model_token_ids(tokenizer))
     with torch.no_grad():  # special tokens score 0: the random model's paraphrases are words, never only [UNK]/[SEP]
         model.get_input_embeddings().weight[tokenizer.all_special_ids] = 0
     corpus = template_corpus(num_train=300, num_valid=10, num_test=10, seed=0)["train"]
@@ -402,7 +396,7 @@ def test_pipeline_gives_nothing_readable_no_paraphrase_and_warns(checkpoint, tex
 
 def test_pipeline_and_cli_detokenise_alike(checkpoint):
     """The command line paraphrases through the pipeline: "what ' s" never reaches the user."""
-    from cdnpg.cli import paraphrase
+    from cdnpg.commands import paraphrase
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     paraphraser = CDNPGText2TextPipeline(model=Copier(vocab_size=len(tokenizer)), tokenizer=tokenizer, device="cpu")

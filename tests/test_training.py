@@ -19,7 +19,13 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
-from cdnpg.data import save_tokenizer, template_corpus, train_wordpiece_tokenizer, write_template_corpus
+from cdnpg.data import (
+    model_token_ids,
+    save_tokenizer,
+    template_corpus,
+    train_wordpiece_tokenizer,
+    write_template_corpus,
+)
 from cdnpg.training import PostTrainingError, UsageError, main, parse_args
 from tests.conftest import tiny_model
 
@@ -202,11 +208,7 @@ def test_plain_seq2seq_trainer_trains_and_evaluates_with_generate(tmp_path):
     corpus = template_corpus(num_train=128, num_valid=8, num_test=8, seed=0)
     tokenizer = train_wordpiece_tokenizer([*corpus["train"]["source"], *corpus["train"]["target"]], vocab_size=300)
     model = tiny_model(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        decoder_start_token_id=tokenizer.cls_token_id,
+        **model_token_ids(tokenizer),
         dropout=0.0,
     )
 

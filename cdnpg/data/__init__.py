@@ -8,7 +8,8 @@ and evaluated on Quora Question Pairs and the Twitter URL corpus, lowercased and
 * ``pairs``: :func:`load_pair_files`, local JSONL / CSV / TSV pair files, with malformed lines counted and reported;
 * ``corpora``: :func:`prepare_quora` and :func:`prepare_twitter_url`, the paper's corpora rebuilt from their raw
   downloads, and :func:`normalize_text`, the paper's text format;
-* ``tokenizer``: :func:`train_wordpiece_tokenizer`, :func:`save_tokenizer`, :func:`load_tokenizer`;
+* ``tokenizer``: :func:`train_wordpiece_tokenizer`, :func:`save_tokenizer`, :func:`load_tokenizer`,
+  :func:`model_token_ids`;
 * ``records``: the reports every loader returns.
 
 Every loader returns ``(DatasetDict, PairDataReport)`` with columns ``source`` and ``target``. Bad lines never stop a
@@ -25,6 +26,7 @@ from .tokenizer import (
     SPECIAL_TOKENS,
     load_tokenizer,
     make_tokenizer_config_portable,
+    model_token_ids,
     save_tokenizer,
     train_wordpiece_tokenizer,
 )
@@ -42,6 +44,7 @@ __all__ = [
     "load_pair_files",
     "load_tokenizer",
     "make_tokenizer_config_portable",
+    "model_token_ids",
     "normalize_text",
     "prepare_quora",
     "prepare_twitter_url",

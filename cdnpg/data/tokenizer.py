@@ -23,6 +23,18 @@ PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a class name known to bo
 MODEL_INPUT_NAMES = ("input_ids", "attention_mask")  # no token_type_ids: the model has no segment embeddings
 
 
+def model_token_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+    """The config fields a tokenizer decides: its vocabulary size and special ids, BERT-style ([CLS] starts
+    decoding, [SEP] ends it)."""
+    return {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.cls_token_id,
+        "eos_token_id": tokenizer.sep_token_id,
+        "decoder_start_token_id": tokenizer.cls_token_id,
+    }
+
+
 def train_wordpiece_tokenizer(
     texts: Iterable[str],
     vocab_size: int = 8000,

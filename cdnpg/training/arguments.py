@@ -52,6 +52,12 @@ WARM_START_FLAGS = (
 )
 
 
+def architecture_fields(**flags: object) -> dict[str, object]:
+    """The CDNPGConfig fields that architecture flags set, in ARCHITECTURE_FLAGS' order: `layers=2` sets
+    encoder_layers and decoder_layers."""
+    return {field: flags[name] for name, fields in ARCHITECTURE_FLAGS.items() if name in flags for field in fields}
+
+
 class UsageError(ValueError):
     """A flag or input the user gave is wrong; `training/run.py` prints the message without a traceback."""
 
@@ -142,12 +148,8 @@ class ModelArguments:
 
     def config_overrides(self) -> dict[str, object]:
         """The CDNPGConfig fields the flags set; the others keep the config's defaults."""
-        return {
-            key: getattr(self, name)
-            for name, keys in ARCHITECTURE_FLAGS.items()
-            if getattr(self, name) is not None
-            for key in keys
-        }
+        given = {name: getattr(self, name) for name in ARCHITECTURE_FLAGS}
+        return architecture_fields(**{name: value for name, value in given.items() if value is not None})
 
 
 @dataclass

@@ -29,6 +29,7 @@ from cdnpg.data import (
     load_pair_files,
     load_tokenizer,
     make_tokenizer_config_portable,
+    model_token_ids,
     prepare_quora,
     prepare_twitter_url,
     template_corpus,
@@ -157,14 +158,7 @@ def prepare_data(
 def build_config(args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> CDNPGConfig:
     """A new model's config: CDNPGConfig's defaults, the architecture flags given, and the tokenizer's vocabulary
     size and special ids ([CLS] starts decoding)."""
-    return CDNPGConfig(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        decoder_start_token_id=tokenizer.cls_token_id,
-        **args.config_overrides(),
-    )
+    return CDNPGConfig(**model_token_ids(tokenizer), **args.config_overrides())
 
 
 def build_model(args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> CDNPGForConditionalGeneration:
