@@ -851,6 +851,9 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     try:
         for length in args.seq_lens:
+            # compiled kernels (flex attention's, the static cache's step) are per shape, and past torch's recompile
+            # limit torch falls back to uncompiled code: each length starts from an empty compile cache
+            torch._dynamo.reset()
             for part in PARTS:
                 measure(args, bench, model_kw, length, part, plan, results)
                 write_results(results, args.out)  # a later failure keeps what was measured

@@ -269,7 +269,9 @@ def flex_granularity_attention(
 @functools.cache
 def compiled_flex_attention() -> Callable:
     """torch's flex attention compiled once per process (uncompiled it materialises every score). Shapes are static:
-    with dynamic shapes, torch 2.13's CPU kernels fail to build for the scope mask."""
+    with dynamic shapes, torch 2.13's CPU kernels fail to build for the scope mask. So every new input shape compiles
+    anew, and past torch's recompile limit (`torch._dynamo.config.recompile_limit`) torch falls back to the unfused
+    implementation, with a warning: pad inputs to a few fixed lengths when using this backend."""
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=False)
