@@ -53,7 +53,8 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_cdnpg import CDNPGConfig
 
@@ -573,6 +574,18 @@ class CDNPGSeq2SeqLMOutput(Seq2SeqLMOutput):
     cross_granularities: tuple[torch.FloatTensor, ...] | None = None
 
 
+class CDNPGModelKwargs(TransformersKwargs, total=False):
+    """The arguments of `CDNPGModel.forward` that `CDNPGForConditionalGeneration.forward` passes on as given."""
+
+    decoder_input_ids: torch.LongTensor | None
+    decoder_attention_mask: torch.Tensor | None
+    past_key_values: EncoderDecoderCache | None
+    decoder_inputs_embeds: torch.Tensor | None
+    token_type_ids: torch.Tensor | None
+    use_cache: bool | None
+    output_granularities: bool | None
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Models
 # ------------------------------------------------------------------------------------------------------------------
@@ -658,13 +671,15 @@ class CDNPGPreTrainedModel(PreTrainedModel):
 
 class CDNPGStack(CDNPGPreTrainedModel):
     """What the encoder and the decoder share: token and learned position embeddings, then an optional LayerNorm;
-    `num_layers` layers run in turn; the output flags a call leaves out are the config's.
+    its layers run in turn; the output flags a call leaves out are the config's.
 
     The paper's model adds token and position embeddings (eq. 3); BART and BERT checkpoints also scale the tokens
     and/or normalise the sum (`scale_embedding`, `layernorm_embedding`, `position_offset`).
     """
 
-    def __init__(self, config: CDNPGConfig, layer_class: type[CDNPGLayer], num_layers: int):
+    is_decoder = False  # the decoder's layers are causal, cached and cross-attend
+
+    def __init__(self, config: CDNPGConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
@@ -673,16 +688,17 @@ class CDNPGStack(CDNPGPreTrainedModel):
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.layernorm_embedding else None
         )
         self.dropout = nn.Dropout(config.dropout)
+        layer_class = CDNPGDecoderLayer if self.is_decoder else CDNPGEncoderLayer
+        num_layers = config.decoder_layers if self.is_decoder else config.encoder_layers
         self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
         self.gradient_checkpointing = False
         self.post_init()
 
-    def output_flags(self, output_attentions: bool | None, output_hidden_states: bool | None) -> tuple[bool, bool]:
-        if output_attentions is None:
-            output_attentions = self.config.output_attentions
-        if output_hidden_states is None:
-            output_hidden_states = self.config.output_hidden_states
-        return output_attentions, output_hidden_states
+    def output_flags(self, kwargs: TransformersKwargs) -> tuple[bool, bool]:
+        """`output_attentions` and `output_hidden_states` of the call, or the config's where it leaves them out."""
+        flags = [kwargs.get(name) for name in ("output_attentions", "output_hidden_states")]
+        config_flags = (self.config.output_attentions, self.config.output_hidden_states)
+        return tuple(bool(config_flag if flag is None else flag) for flag, config_flag in zip(flags, config_flags))
 
     def embed(
         self,
@@ -725,27 +741,26 @@ class CDNPGStack(CDNPGPreTrainedModel):
 class CDNPGEncoder(CDNPGStack):
     """Eq. 3 stacked `encoder_layers` times over token + learned position embeddings."""
 
-    def __init__(self, config: CDNPGConfig):
-        super().__init__(config, CDNPGEncoderLayer, config.encoder_layers)
-
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        *,
+        output_granularities: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_granularities: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CDNPGEncoderOutput:
         r"""
         token_type_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): accepted because
             BERT tokenizers return them; C-DNPG has no segment embeddings, so they must be all 0 (one sentence per
             input, no sentence pairs).
         output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer.
+        kwargs: transformers' `output_attentions` and `output_hidden_states` (default: the config's); the rest of
+            what `generate()` passes every encoder is unused.
         """
-        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
+        output_attentions, output_hidden_states = self.output_flags(kwargs)
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError(
                 "token_type_ids: C-DNPG has no segment embeddings, so every token must be in segment 0; encode one "
@@ -772,32 +787,30 @@ class CDNPGEncoder(CDNPGStack):
 class CDNPGDecoder(CDNPGStack):
     """Eq. 10 stacked `decoder_layers` times; incremental with any `EncoderDecoderCache` (dynamic or static)."""
 
-    def __init__(self, config: CDNPGConfig):
-        super().__init__(config, CDNPGDecoderLayer, config.decoder_layers)
+    is_decoder = True
 
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        encoder_hidden_states: torch.Tensor | None = None,
+        *,
+        encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         output_granularities: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CDNPGDecoderOutput:
         r"""
         attention_mask (`torch.Tensor` of shape `(batch_size, target_length)`, *optional*): 1 for real decoder
             tokens, covering the cached and the new positions.
         past_key_values (`EncoderDecoderCache`, *optional*): a cache to extend; an empty transformers cache
             (dynamic or static) is wrapped into a `GranularityCache`, which the output returns.
+        kwargs: transformers' `output_attentions` and `output_hidden_states` (default: the config's).
         """
-        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
-        if encoder_hidden_states is None:
-            raise ValueError("The decoder needs encoder_hidden_states (run the encoder first).")
+        output_attentions, output_hidden_states = self.output_flags(kwargs)
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a cache written inside recomputed layers would be written twice
         if use_cache and past_key_values is None:
@@ -885,11 +898,8 @@ class CDNPGModel(CDNPGPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
 
-    def get_encoder(self) -> CDNPGEncoder:
+    def get_encoder(self) -> CDNPGEncoder:  # transformers 4.57 has no default
         return self.encoder
-
-    def get_decoder(self) -> CDNPGDecoder:
-        return self.decoder
 
     @can_return_tuple
     def forward(
@@ -904,44 +914,39 @@ class CDNPGModel(CDNPGPreTrainedModel):
         decoder_inputs_embeds: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         output_granularities: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CDNPGModelOutput:
         r"""
         token_type_ids: see `CDNPGEncoder.forward`; ignored when `encoder_outputs` are given.
         output_granularities (`bool`, *optional*): return z (eq. 4) of every layer, e.g. to draw the paper's Figure 2.
-        kwargs: generation bookkeeping that transformers passes to every model (e.g. 4.57's `cache_position`);
-            unused, since positions come from the cache.
+        kwargs: transformers' `output_attentions` and `output_hidden_states`, passed to both stacks; the rest of what
+            `generate()` passes every model (e.g. 4.57's `cache_position`) is unused, positions come from the cache.
         """
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
+                input_ids,
+                attention_mask,
+                output_granularities=output_granularities,
                 inputs_embeds=inputs_embeds,
                 token_type_ids=token_type_ids,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                output_granularities=output_granularities,
-                return_dict=True,
+                return_dict=True,  # whatever config.return_dict says: the fields are read below
+                **kwargs,
             )
         elif not isinstance(encoder_outputs, CDNPGEncoderOutput):
             encoder_outputs = CDNPGEncoderOutput(*encoder_outputs)
 
         decoder_outputs = self.decoder(
-            input_ids=decoder_input_ids,
-            attention_mask=decoder_attention_mask,
+            decoder_input_ids,
+            decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
             past_key_values=past_key_values,
             inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            use_cache=use_cache if use_cache is not None else self.config.use_cache,
             output_granularities=output_granularities,
             return_dict=True,
+            **kwargs,
         )
         return CDNPGModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -976,76 +981,43 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         self.generation_config.num_beams = 8
         self.generation_config.max_new_tokens = 20
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.shared
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
-
-    def get_encoder(self) -> CDNPGEncoder:
-        return self.model.encoder
-
-    def get_decoder(self) -> CDNPGDecoder:
-        return self.model.decoder
-
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
-        decoder_attention_mask: torch.Tensor | None = None,
+        *,
         encoder_outputs: CDNPGEncoderOutput | tuple | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        decoder_inputs_embeds: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_granularities: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[CDNPGModelKwargs],
     ) -> CDNPGSeq2SeqLMOutput:
         r"""
+        encoder_outputs, inputs_embeds: see `CDNPGModel.forward`; named here because `generate()` and transformers'
+            tests look for them by name.
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`): target ids, -100 where ignored; the
             decoder inputs are derived from them when not given.
-        output_granularities (`bool`): return z (eq. 4) of every layer, e.g. to draw the paper's Figure 2.
         logits_to_keep (`int` or `torch.Tensor`): compute logits only for the last `logits_to_keep` decoder
             positions (0: all), or for the given positions; generation asks for the last one.
         num_items_in_batch: the number of target tokens in the whole (gradient-accumulated, all-process) batch, as
             passed by `Trainer`; the loss is then the token sum divided by it, so that it stays the mean token loss
             whatever the number of processes or accumulation steps.
+        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), passed to it as given. Everything
+            after `attention_mask` is keyword-only, so that no positional argument lands in the wrong place.
         """
         if labels is not None:
-            use_cache = False
-            if decoder_input_ids is None and decoder_inputs_embeds is None:
-                decoder_input_ids = shift_tokens_right(
-                    labels, self.config.pad_token_id, self.config.decoder_start_token_id
-                )
+            kwargs["use_cache"] = False
+            if kwargs.get("decoder_input_ids") is None and kwargs.get("decoder_inputs_embeds") is None:
+                kwargs["decoder_input_ids"] = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask,
+            input_ids,
+            attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            token_type_ids=token_type_ids,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            output_granularities=output_granularities,
             return_dict=True,
+            **kwargs,
         )
         positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(outputs.last_hidden_state[:, positions])
@@ -1061,6 +1033,11 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         # everything the bare model returns but its last hidden state, which the logits replace
         model_outputs = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         return CDNPGSeq2SeqLMOutput(loss=loss, logits=logits, **model_outputs)
+
+    def get_encoder(self) -> CDNPGEncoder:
+        """transformers 4.57 has no default. The embedding accessors and `get_decoder` are PreTrainedModel's, which
+        find `self.model` and `self.lm_head`."""
+        return self.model.encoder
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by `DataCollatorForSeq2Seq` to build decoder inputs in the collator."""

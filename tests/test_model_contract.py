@@ -2,6 +2,9 @@
 model (weight ties, output flags, the cache layout, static caches and compilation, attention backends,
 logits_to_keep), plus what users of BERT tokenizers need (token_type_ids)."""
 
+import inspect
+import typing
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -94,6 +97,54 @@ def test_config_output_flags_are_honoured_and_arguments_override_them():
     assert off.encoder_attentions is off.cross_attentions is off.decoder_hidden_states is None
 
 
+def test_arguments_after_the_attention_mask_are_keyword_only():
+    """A third positional argument would otherwise land on whatever parameter comes third (labels, say) and be used
+    silently as something else."""
+    model = tiny_model()
+    input_ids, attention_mask = batch()
+    with pytest.raises(TypeError, match="positional"):
+        model(input_ids, attention_mask, input_ids)
+    with pytest.raises(TypeError, match="positional"):
+        model.get_encoder()(input_ids, attention_mask, True)
+    with torch.no_grad():  # by keyword, every argument of the bare model reaches it through the LM head
+        out = model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :3], output_granularities=True)
+        bare = model.model(input_ids, attention_mask, input_ids[:, :3], output_granularities=True)
+    torch.testing.assert_close(out.logits, model.lm_head(bare.last_hidden_state))
+    assert len(out.encoder_granularities) == len(bare.decoder_granularities) == model.config.encoder_layers
+
+
+def test_transformers_finds_the_arguments_it_looks_up_by_name():
+    """generate(), Trainer and transformers' common tests decide what a model takes from its forward signature,
+    including the TypedDict behind **kwargs (output_attentions)."""
+    model = tiny_model()
+    parameters = inspect.signature(model.forward).parameters
+    assert {"input_ids", "attention_mask", "inputs_embeds", "encoder_outputs", "labels", "logits_to_keep"} <= set(
+        parameters
+    )
+    assert "output_attentions" in typing.get_args(parameters["kwargs"].annotation)[0].__annotations__
+    input_ids, attention_mask = batch()
+    out = model.generate(
+        input_ids, attention_mask=attention_mask, output_attentions=True, return_dict_in_generate=True, **GENERATION
+    )
+    assert len(out.encoder_attentions) == model.config.encoder_layers
+    decoder_input_ids = input_ids[:, :4]
+    with torch.no_grad():
+        by_ids = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
+        embeds = model.get_input_embeddings()(input_ids)
+        by_embeds = model(inputs_embeds=embeds, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+    torch.testing.assert_close(by_embeds.logits, by_ids)
+
+
+def test_the_encoder_takes_and_ignores_what_generate_passes_every_encoder():
+    """`generate()` hands an encoder that takes **kwargs all of its model kwargs (on 4.57, `cache_position` too)."""
+    model = tiny_model()
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        plain = model.get_encoder()(input_ids, attention_mask)
+        extra = model.get_encoder()(input_ids, attention_mask, cache_position=torch.arange(3), use_cache=True)
+    torch.testing.assert_close(extra.last_hidden_state, plain.last_hidden_state)
+
+
 def test_return_dict_false_gives_the_tuple_of_the_output():
     model = tiny_model()
     input_ids, attention_mask = batch()
@@ -102,6 +153,11 @@ def test_return_dict_false_gives_the_tuple_of_the_output():
         as_tuple = model(input_ids, attention_mask, decoder_input_ids=input_ids, use_cache=False, return_dict=False)
     assert isinstance(as_tuple, tuple)
     torch.testing.assert_close(as_tuple[0], as_dict.logits)
+    model.config.return_dict = False  # the config's choice applies to the outer call; the model reads its parts inside
+    with torch.no_grad():
+        from_config = model(input_ids, attention_mask, decoder_input_ids=input_ids, use_cache=False)
+    assert isinstance(from_config, tuple)
+    torch.testing.assert_close(from_config[0], as_dict.logits)
 
 
 @pytest.mark.parametrize("kind", MASKS)
@@ -306,6 +362,35 @@ def test_remote_code_static_cache_and_untied_weights_match_this_process(python, 
         assert got[kind]["static_equal"], kind
         assert got[kind]["ids"] == expected[kind]["ids"], kind
         torch.testing.assert_close(torch.tensor(got[kind]["logits"]), torch.tensor(expected[kind]["logits"]))
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_transformers_embedding_accessors_find_the_model_parts_and_resize_them(python, tmp_path):
+    """The embedding getters/setters and `get_decoder` are transformers' defaults (4.57 and 5.x), not the model's."""
+    tiny_model().save_pretrained(tmp_path / "model")
+    got = run_isolated(
+        python,
+        f"""
+        import json, torch
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
+        inner = model.model
+        found = [model.get_input_embeddings() is inner.shared, model.get_output_embeddings() is model.lm_head,
+                 model.get_encoder() is inner.encoder, model.get_decoder() is inner.decoder]
+        size = model.config.vocab_size + 7
+        model.resize_token_embeddings(size)
+        shared = model.get_input_embeddings().weight
+        resized = [shared.shape[0] == size, model.lm_head.weight is shared,
+                   inner.encoder.embed_tokens.weight is shared, inner.decoder.embed_tokens.weight is shared]
+        ids = torch.tensor([[size - 1, 5, 6]])
+        logits = model(ids, decoder_input_ids=ids).logits
+        print(json.dumps({{"found": found, "resized": resized, "logits": list(logits.shape)}}))
+        """,
+        cwd=tmp_path,
+    )
+    assert got["found"] == [True] * 4
+    assert got["resized"] == [True] * 4
+    assert got["logits"][-1] == tiny_model().config.vocab_size + 7
 
 
 @pytest.mark.parametrize("python", PYTHONS)
