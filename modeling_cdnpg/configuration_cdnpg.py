@@ -25,6 +25,10 @@ TEXT2TEXT_PIPELINE = {
 }
 
 
+# bert-base-uncased's [PAD], [CLS] and [SEP]: decoding starts at [CLS] and ends at [SEP]
+BERT_SPECIAL_TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102, "decoder_start_token_id": 101}
+
+
 class CDNPGConfig(PretrainedConfig):
     r"""
     Configuration of a C-DNPG encoder-decoder. Defaults reproduce the paper's Quora/Twitter setup (Section 4.2) with
@@ -33,6 +37,17 @@ class CDNPGConfig(PretrainedConfig):
     Args:
         vocab_size (`int`, defaults to 30522):
             Size of the shared token embedding (bert-base-uncased's WordPiece vocabulary in the paper).
+        max_position_embeddings (`int`, defaults to 512):
+            Number of learned positions. The paper truncates sentences to 20 tokens; the table is larger so that
+            longer inputs are not refused.
+        position_offset (`int`, defaults to 0):
+            Row of the position table that position 0 reads: BART's tables reserve their first 2 rows. The table has
+            `max_position_embeddings + position_offset` rows.
+        scale_embedding (`bool`, defaults to `False`):
+            Multiply token embeddings by sqrt(d_model) before adding positions (BART's `scale_embedding`).
+        layernorm_embedding (`bool`, defaults to `False`):
+            A LayerNorm over token + position embeddings at the bottom of each stack, as BART and BERT have; the
+            paper's model (eq. 3) has none.
         d_model (`int`, defaults to 450):
             Hidden size of every layer (Section 4.2: "hidden size 450").
         encoder_layers (`int`, defaults to 3):
@@ -49,23 +64,12 @@ class CDNPGConfig(PretrainedConfig):
             Inner size of the decoder feed-forward blocks (eq. 10).
         activation_function (`str`, defaults to `"relu"`):
             Feed-forward non-linearity (the Transformer FFN of eq. 3).
+        layer_norm_eps (`float`, defaults to 1e-5):
+            Epsilon of every LayerNorm (BERT checkpoints use 1e-12).
         dropout (`float`, defaults to 0.1):
             Dropout on embeddings and on every residual branch.
         attention_dropout (`float`, defaults to 0.1):
             Dropout on the (granularity-adjusted) attention probabilities of eq. 9.
-        max_position_embeddings (`int`, defaults to 512):
-            Number of learned positions. The paper truncates sentences to 20 tokens; the table is larger so that
-            longer inputs are not refused.
-        position_offset (`int`, defaults to 0):
-            Row of the position table that position 0 reads: BART's tables reserve their first 2 rows. The table has
-            `max_position_embeddings + position_offset` rows.
-        scale_embedding (`bool`, defaults to `False`):
-            Multiply token embeddings by sqrt(d_model) before adding positions (BART's `scale_embedding`).
-        layernorm_embedding (`bool`, defaults to `False`):
-            A LayerNorm over token + position embeddings at the bottom of each stack, as BART and BERT have; the
-            paper's model (eq. 3) has none.
-        layer_norm_eps (`float`, defaults to 1e-5):
-            Epsilon of every LayerNorm (BERT checkpoints use 1e-12).
         granularity_mask (`str`, defaults to `"resonance"`):
             Which granularity mask adjusts encoder and decoder self-attention (eq. 9 and the ablation of Table 4):
             `"resonance"` (C, eq. 6; the paper's C-DNPG (R)), `"scope"` (S, eq. 8), `"product"` (C ⊙ S),
@@ -87,6 +91,9 @@ class CDNPGConfig(PretrainedConfig):
         tie_word_embeddings (`bool`, defaults to `True`):
             Share one embedding matrix between the encoder's input, the decoder's input and the LM head (Section
             4.2). `False` gives each its own, as in transformers' BART.
+        pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, default 0, 101, 102, 101):
+            `PretrainedConfig`'s special token ids, defaulting to bert-base-uncased's [PAD], [CLS], [SEP] and [CLS]
+            (decoding starts at [CLS] and ends at [SEP]).
         custom_pipelines (`dict`, defaults to the text2text-generation pipeline of `pipeline_cdnpg.py`):
             Read by `transformers.pipeline`; saved with every checkpoint.
     """
@@ -102,6 +109,10 @@ class CDNPGConfig(PretrainedConfig):
     def __init__(
         self,
         vocab_size: int = 30522,
+        max_position_embeddings: int = 512,
+        position_offset: int = 0,
+        scale_embedding: bool = False,
+        layernorm_embedding: bool = False,
         d_model: int = 450,
         encoder_layers: int = 3,
         decoder_layers: int = 3,
@@ -110,28 +121,23 @@ class CDNPGConfig(PretrainedConfig):
         encoder_ffn_dim: int = 1024,
         decoder_ffn_dim: int = 1024,
         activation_function: str = "relu",
+        layer_norm_eps: float = 1e-5,
         dropout: float = 0.1,
         attention_dropout: float = 0.1,
-        max_position_embeddings: int = 512,
-        position_offset: int = 0,
-        scale_embedding: bool = False,
-        layernorm_embedding: bool = False,
-        layer_norm_eps: float = 1e-5,
         granularity_mask: str = "resonance",
         granularity_mask_mode: str = "log_bias",
         scope_epsilon: float = 2.0,
         cross_attention_granularity: bool = True,
         initializer_range: float = 0.02,
         use_cache: bool = True,
-        pad_token_id: int = 0,
-        bos_token_id: int = 101,
-        eos_token_id: int = 102,
-        decoder_start_token_id: int = 101,
-        is_encoder_decoder: bool = True,
         tie_word_embeddings: bool = True,
         **kwargs,
     ):
         self.vocab_size = vocab_size
+        self.max_position_embeddings = max_position_embeddings
+        self.position_offset = position_offset
+        self.scale_embedding = scale_embedding
+        self.layernorm_embedding = layernorm_embedding
         self.d_model = d_model
         self.encoder_layers = encoder_layers
         self.decoder_layers = decoder_layers
@@ -140,13 +146,9 @@ class CDNPGConfig(PretrainedConfig):
         self.encoder_ffn_dim = encoder_ffn_dim
         self.decoder_ffn_dim = decoder_ffn_dim
         self.activation_function = activation_function
+        self.layer_norm_eps = layer_norm_eps
         self.dropout = dropout
         self.attention_dropout = attention_dropout
-        self.max_position_embeddings = max_position_embeddings
-        self.position_offset = position_offset
-        self.scale_embedding = scale_embedding
-        self.layernorm_embedding = layernorm_embedding
-        self.layer_norm_eps = layer_norm_eps
         self.granularity_mask = granularity_mask
         self.granularity_mask_mode = granularity_mask_mode
         self.scope_epsilon = scope_epsilon
@@ -157,15 +159,9 @@ class CDNPGConfig(PretrainedConfig):
         # a copy per config: transformers.pipeline rewrites the class names it reads into classes, in place
         kwargs["custom_pipelines"] = copy.deepcopy(kwargs.get("custom_pipelines") or TEXT2TEXT_PIPELINE)
         self._validate()
-        super().__init__(
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            decoder_start_token_id=decoder_start_token_id,
-            is_encoder_decoder=is_encoder_decoder,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
+        # the special token ids are PretrainedConfig's own fields, with bert-base-uncased's ids as this model's defaults
+        base_kwargs = {**BERT_SPECIAL_TOKEN_IDS, **kwargs, "is_encoder_decoder": True}
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **base_kwargs)
 
     def _validate(self) -> None:
         """Fail at construction, naming the field, rather than with a shape error deep inside a forward pass."""
