@@ -24,16 +24,16 @@ from huggingface_hub.utils import validate_repo_id
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-CARD_METRICS = {  # test metric (all_results.json's test_<key>) -> (model-index type, display name)
-    "ibleu": ("ibleu", "iBLEU (true, α = 0.8)"),
-    "ibleu_paper": ("ibleu_paper", "iBLEU as in the paper's Table 2"),
-    "bleu2": ("bleu", "BLEU-2"),
-    "bleu4": ("bleu", "BLEU-4"),
-    "rougeL": ("rouge", "ROUGE-L"),
-    "meteor": ("meteor", "METEOR"),
-    "sacrebleu": ("sacrebleu", "sacreBLEU"),
-    "self_bleu4": ("self_bleu", "self-BLEU-4 (lower copies less)"),
-}
+CARD_METRICS = [  # (test metric, read from all_results.json as test_<metric>; model-index type; display name)
+    ("ibleu", "ibleu", "iBLEU (true, α = 0.8)"),
+    ("ibleu_paper", "ibleu_paper", "iBLEU as in the paper's Table 2"),
+    ("bleu2", "bleu", "BLEU-2"),
+    ("bleu4", "bleu", "BLEU-4"),
+    ("rougeL", "rouge", "ROUGE-L"),
+    ("meteor", "meteor", "METEOR"),
+    ("sacrebleu", "sacrebleu", "sacreBLEU"),
+    ("self_bleu4", "self_bleu", "self-BLEU-4 (lower copies less)"),
+]
 CARD_TAGS = ["paraphrase-generation", "c-dnpg", "granularity-aware-attention", "custom_code"]
 
 
@@ -110,7 +110,7 @@ def card_data(
             metric_name=metric_name,
             metric_value=round(float(metrics[key]), 2),
         )
-        for key, (metric_type, metric_name) in CARD_METRICS.items()
+        for key, metric_type, metric_name in CARD_METRICS
         if metrics and key in metrics
     ]
     return ModelCardData(
@@ -156,7 +156,7 @@ def render_model_card(
         model_id=model_id,
         config=config,
         config_rows=config_rows,
-        results=[(name, metrics[key]) for key, (_, name) in CARD_METRICS.items() if metrics and key in metrics],
+        results=[(name, metrics[key]) for key, _, name in CARD_METRICS if metrics and key in metrics],
         training_summary=training_summary,
         max_length=max_length,
         warm_start=warm_start,
