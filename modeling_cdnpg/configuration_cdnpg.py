@@ -25,7 +25,7 @@ TEXT2TEXT_PIPELINE = {
 }
 
 
-# bert-base-uncased's [PAD], [CLS] and [SEP]: decoding starts at [CLS] and ends at [SEP]
+# PretrainedConfig's special token ids, defaulting to bert-base-uncased's: decoding starts at [CLS], ends at [SEP]
 BERT_SPECIAL_TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102, "decoder_start_token_id": 101}
 
 
@@ -159,7 +159,6 @@ class CDNPGConfig(PretrainedConfig):
         # a copy per config: transformers.pipeline rewrites the class names it reads into classes, in place
         kwargs["custom_pipelines"] = copy.deepcopy(kwargs.get("custom_pipelines") or TEXT2TEXT_PIPELINE)
         self._validate()
-        # the special token ids are PretrainedConfig's own fields, with bert-base-uncased's ids as this model's defaults
         base_kwargs = {**BERT_SPECIAL_TOKEN_IDS, **kwargs, "is_encoder_decoder": True}
         super().__init__(tie_word_embeddings=tie_word_embeddings, **base_kwargs)
 

@@ -696,9 +696,11 @@ class CDNPGStack(CDNPGPreTrainedModel):
 
     def output_flags(self, kwargs: TransformersKwargs) -> tuple[bool, bool]:
         """`output_attentions` and `output_hidden_states` of the call, or the config's where it leaves them out."""
-        flags = [kwargs.get(name) for name in ("output_attentions", "output_hidden_states")]
-        config_flags = (self.config.output_attentions, self.config.output_hidden_states)
-        return tuple(bool(config_flag if flag is None else flag) for flag, config_flag in zip(flags, config_flags))
+        attentions, hidden_states = kwargs.get("output_attentions"), kwargs.get("output_hidden_states")
+        return (
+            self.config.output_attentions if attentions is None else attentions,
+            self.config.output_hidden_states if hidden_states is None else hidden_states,
+        )
 
     def embed(
         self,
