@@ -5,6 +5,7 @@ z of every layer) for any sentence.
     cdnpg paraphrase --model DIR --input questions.txt --output paraphrases.jsonl --num-return-sequences 3
     cdnpg granularity --model DIR "how do i learn python ?" --out figure.png --decoder --show
     cdnpg convert facebook/bart-base checkpoints/bart-resonance --granularity-mask resonance
+    cdnpg install-wordnet   # WordNet for the METEOR metric, from Debian's packages
 
 Exit codes: 0 success; 1 runtime error (a model or input file that is missing or cannot be loaded, a failure while
 running); 2 usage error (a malformed command line: unknown option, bad value, options that contradict each other,
@@ -33,6 +34,7 @@ from cdnpg.commands import (
     check_paraphrase,
     run_convert,
     run_granularity,
+    run_install_wordnet,
     run_paraphrase,
 )
 
@@ -182,6 +184,16 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--overwrite", action="store_true", help="write into a non-empty OUTPUT folder")
     conv.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors")
     conv.set_defaults(check=check_convert, run=run_convert, parser=conv)
+
+    wordnet = commands.add_parser(
+        "install-wordnet",
+        help="install WordNet 3.0 for the METEOR metric, offline, from Debian's wordnet-base/wordnet-sense-index",
+        description="Lay out Debian's WordNet 3.0 files (apt-get install wordnet-base wordnet-sense-index) for NLTK, "
+        "which METEOR needs and cannot download without internet access. See docs/metrics.md.",
+    )
+    wordnet.add_argument("--target", metavar="DIR", help="NLTK data folder (default: nltk_data in this environment)")
+    wordnet.add_argument("--source", metavar="DIR", help="Debian's WordNet folder (default: /usr/share/wordnet)")
+    wordnet.set_defaults(check=lambda args: None, run=run_install_wordnet, parser=wordnet, verbose=False)
     return parser
 
 
@@ -241,6 +253,13 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_ERROR
         except CLIError as err:
             logger.error("%s", err, exc_info=args.verbose)
+        except ModuleNotFoundError as err:  # an optional dependency: name it and where it comes from
+            logger.error(
+                "%s is not installed; pip install %s (or the train extra: pip install -e '.[train]' in a checkout)",
+                err.name,
+                err.name,
+                exc_info=args.verbose,
+            )
         except (OSError, ValueError, RuntimeError) as err:
             logger.error("%s: %s", type(err).__name__, err, exc_info=args.verbose)
         except KeyboardInterrupt:

@@ -8,10 +8,13 @@ loaded, and `run_<name>(args)`, which returns the exit code or raises `CLIError`
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
+import queue
 import sys
+import threading
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -25,6 +28,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# stdin quiet this long: paraphrase the lines read so far rather than wait for a full batch (a slow producer's lines
+# are printed as they come; a fast one still fills batches)
+STDIN_STALL_SECONDS = 0.2
 
 
 class CLIError(Exception):
@@ -156,11 +162,31 @@ def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-def _stdin_lines() -> Iterator[str]:
+def _stdin_batches(size: int, stall: float = STDIN_STALL_SECONDS) -> Iterator[list[str]]:
+    """Batches of stdin lines, in order, each as soon as it is full or the input pauses for `stall` seconds, so
+    that `slow_producer | cdnpg paraphrase` prints a line's paraphrase while the producer still works."""
     if sys.stdin.isatty():
         logger.info("reading sentences from stdin, one per line; end with Ctrl-D")
-    for line in sys.stdin:
-        yield line.rstrip("\r\n")
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in sys.stdin:
+            lines.put(line.rstrip("\r\n"))
+        lines.put(None)  # end of input
+
+    threading.Thread(target=read, daemon=True).start()
+    while (line := lines.get()) is not None:
+        batch = [line]
+        while len(batch) < size:
+            try:
+                line = lines.get(timeout=stall)
+            except queue.Empty:  # the producer is slower than us: paraphrase what is here
+                break
+            if line is None:
+                yield batch
+                return
+            batch.append(line)
+        yield batch
 
 
 def check_paraphrase(args: argparse.Namespace) -> str | None:
@@ -195,12 +221,13 @@ def run_paraphrase(args: argparse.Namespace) -> int:
 
     total = None
     if args.text:
-        lines: Iterable[str] = args.text
+        batches = _batched(args.text, args.batch_size)
     elif args.input is not None:
         lines = Path(args.input).read_text(encoding="utf-8").splitlines()
         total = len(lines)
+        batches = _batched(lines, args.batch_size)
     else:
-        lines = _stdin_lines()
+        batches = _stdin_batches(args.batch_size)
 
     out: TextIO = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
     progress = tqdm(total=total, unit="sentence", disable=None if total else True, file=sys.stderr)
@@ -211,7 +238,7 @@ def run_paraphrase(args: argparse.Namespace) -> int:
             warnings.catch_warnings(record=True) as caught,
         ):
             warnings.simplefilter("always")  # the model's warnings (e.g. "no z"), once each, as the command's
-            for batch in _batched(lines, args.batch_size):
+            for batch in batches:
                 results = paraphrase(
                     paraphraser,
                     batch,
@@ -283,6 +310,11 @@ def run_granularity(args: argparse.Namespace) -> int:
     for out in args.out:
         if not Path(out).resolve().parent.is_dir():
             raise CLIError(f"--out {out}: its directory does not exist")
+        if Path(out).suffix.lower() != ".html" and importlib.util.find_spec("matplotlib") is None:
+            raise CLIError(
+                f"--out {out}: the heat map needs matplotlib, which is not installed: pip install matplotlib (or "
+                "the train extra, pip install -e '.[train]' in a checkout); .html and --show need nothing more"
+            )
     model, tokenizer = load_model(args.model, args.device, args.trust_remote_code)
     try:
         rows = word_granularities(
@@ -305,6 +337,17 @@ def run_granularity(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------------------------------
 # convert
 # ---------------------------------------------------------------------------------------------------------------------
+
+
+def run_install_wordnet(args: argparse.Namespace) -> int:
+    """WordNet 3.0 for METEOR from Debian's packages (`cdnpg.wordnet`), for installs without training/."""
+    from cdnpg.wordnet import main as install_wordnet
+
+    options = [
+        *(["--target", args.target] if args.target else []),
+        *(["--source", args.source] if args.source else []),
+    ]
+    return install_wordnet(options)
 
 
 def check_convert(args: argparse.Namespace) -> str | None:

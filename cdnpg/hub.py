@@ -12,10 +12,13 @@ This module imports neither torch nor transformers at load time: the command lin
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, constants, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
@@ -59,9 +62,37 @@ def resolve_model_source(name_or_path: str | os.PathLike[str]) -> str:
     looks_local = name.startswith(("./", "../", "/", "~")) or (path.parent.name != "" and path.parent.is_dir())
     if looks_local or not _is_repo_id(name):
         raise FileNotFoundError(f"{name}: no such model directory")
-    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(name, "config.json"), str):
-        raise FileNotFoundError(f"{name}: no such model directory, and not in the local Hub cache (HF_HUB_OFFLINE)")
+    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        if constants.HF_HUB_OFFLINE:
+            raise FileNotFoundError(
+                f"{name}: no such model directory, and not in the local Hub cache (HF_HUB_OFFLINE)"
+            )
+        if not hub_reachable():
+            raise FileNotFoundError(
+                f"{name}: no such model directory, not in the local Hub cache, and the Hub ({constants.ENDPOINT}) "
+                "cannot be reached"
+            )
     return name
+
+
+def hub_reachable(timeout: float = 1.5) -> bool:
+    """Whether the Hub endpoint accepts a connection within `timeout` seconds, name lookup included. Without one,
+    huggingface_hub's retries take half a minute before they fail; this takes at most `timeout`."""
+    endpoint = urlsplit(constants.ENDPOINT)
+    address = (endpoint.hostname or "", endpoint.port or (443 if endpoint.scheme == "https" else 80))
+    answer: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+            answer.append(True)
+        except OSError:
+            answer.append(False)
+
+    attempt = threading.Thread(target=connect, daemon=True)  # a name lookup ignores socket timeouts
+    attempt.start()
+    attempt.join(timeout)
+    return bool(answer and answer[0])
 
 
 def checkpoint_name(name_or_path: str | os.PathLike[str]) -> str:
@@ -148,6 +179,10 @@ def render_model_card(
         ("vocabulary", config.vocab_size),
         ("parameters", f"{model.num_parameters():,}"),
     ]
+    layer = getattr(model.generation_config, "novelty_z_layer", None)  # calibrate_granularity's choice, if made
+    if layer is not None:
+        reading = "1 - z (inverted)" if model.generation_config.novelty_z_inverted else "z as learned"
+        config_rows.append(("novelty reads z of (calibrated)", f"encoder layer {layer}, {reading}"))
     model_name = model_id.rstrip("/").split("/")[-1]
     card = ModelCard.from_template(
         card_data(model_name, metrics, dataset),
@@ -189,6 +224,7 @@ def save_checkpoint(
 __all__ = [
     "card_data",
     "checkpoint_name",
+    "hub_reachable",
     "model_card_template",
     "render_model_card",
     "resolve_model_source",

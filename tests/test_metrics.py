@@ -19,11 +19,11 @@ import pytest
 from cdnpg.training import METRICS_SCRIPT, paraphrase_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-INSTALL_WORDNET = ROOT / "training" / "install_wordnet.py"
+INSTALL_WORDNET = ROOT / "cdnpg" / "wordnet.py"
 WORDNET_HINT = (
     "WordNet is not installed for NLTK. Run:\n"
     "    apt-get install -y --no-install-recommends wordnet-base wordnet-sense-index\n"
-    "    python training/install_wordnet.py"
+    "    cdnpg install-wordnet"
 )
 
 # Method7 smoothing (method4, then method5) of a prediction identical to a reference of >= 5 tokens: all p_n = 1,
@@ -219,7 +219,7 @@ def test_missing_wordnet_raises_error_that_explains_the_install(pm: ModuleType, 
             raise LookupError("Resource wordnet not found.")
 
     monkeypatch.setattr(nltk.corpus, "wordnet", AbsentWordNet())
-    with pytest.raises(LookupError, match=r"apt-get install .*wordnet-base(.|\n)*training/install_wordnet\.py"):
+    with pytest.raises(LookupError, match=r"apt-get install .*wordnet-base(.|\n)*cdnpg install-wordnet"):
         pm.paraphrase_scores(["a"], ["a"])
 
 

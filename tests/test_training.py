@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -291,7 +292,8 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(tmp_path, tok
     assert killed.returncode == 17 and (tmp_path / "resumed" / "checkpoint-5").is_dir()
     assert not (tmp_path / "resumed" / "model.safetensors").exists()
     checkpoint = str(tmp_path / "resumed" / "checkpoint-5")
-    run(["--output_dir", str(tmp_path / "resumed"), *common, "--resume_from_checkpoint", checkpoint])
+    resumed_run = run(["--output_dir", str(tmp_path / "resumed"), *common, "--resume_from_checkpoint", checkpoint])
+    assert "missing keys" not in resumed_run.stderr  # the tied embedding copies are stored once, not missing
     straight = load_file(tmp_path / "straight" / "model.safetensors")
     resumed = load_file(tmp_path / "resumed" / "model.safetensors")
     assert straight.keys() == resumed.keys()
@@ -316,3 +318,88 @@ def test_two_cpu_processes_report_the_loss_of_one_and_end_with_identical_weights
     straight, split = (load_file(tmp_path / name / "model.safetensors") for name in ("one", "two"))
     for name in straight:
         torch.testing.assert_close(split[name], straight[name], atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_a_run_without_stage_flags_stops_naming_them_instead_of_saving_an_untrained_model(tmp_path):
+    files = pair_files(tmp_path / "data")
+    output = tmp_path / "out"
+    with pytest.raises(UsageError, match="--do_train --do_eval --do_predict"):
+        main(["--max_steps", "2000", "--train_file", str(files["train"]), "--output_dir", str(output)])
+    assert not output.exists()
+
+
+def test_a_reused_output_dir_is_refused_and_overwriting_removes_the_earlier_run(tmp_path):
+    output = tmp_path / "out"
+    main(["--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train", "--do_predict"])
+    assert (output / "predictions.jsonl").is_file() and (output / "tokenizer").is_dir()
+    (output / "tokenizer" / "earlier-run").write_text("")  # the earlier run's vocabulary must not be reused
+    second = [
+        "--output_dir",
+        str(output),
+        *TINY,
+        "--max_steps",
+        "2",
+        "--do_train",
+        "--template_sizes",
+        "200",
+        "8",
+        "8",
+    ]
+    with pytest.raises(UsageError, match="--overwrite_output_dir"):
+        main(second)
+    assert (output / "predictions.jsonl").is_file()  # refused: nothing touched
+    main([*second, "--overwrite_output_dir", "True"])
+    names = {path.name for path in output.iterdir()}
+    assert "predictions.jsonl" not in names and "test_results.json" not in names
+    assert not (output / "tokenizer" / "earlier-run").exists()
+    results = json.loads((output / "all_results.json").read_text())
+    assert "train_loss" in results and not any(key.startswith("test_") for key in results)
+    assert "200 train" in (output / "README.md").read_text()
+
+
+def test_overwriting_refuses_a_folder_that_holds_no_training_run(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="no training run"):
+        main(
+            ["--output_dir", str(tmp_path), *TINY, "--max_steps", "2", "--do_train", "--overwrite_output_dir", "True"]
+        )
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_checkpoint_without_optimizer_state_is_refused_for_resuming_with_the_reason(tmp_path):
+    output = tmp_path / "out"
+    main(["--output_dir", str(output), *TINY, "--max_steps", "5", "--do_train", "--save_only_model", "True"])
+    checkpoint = output / "checkpoint-5"
+    assert checkpoint.is_dir() and not (checkpoint / "optimizer.pt").exists()
+    with pytest.raises(UsageError, match="save_only_model.*--model_name_or_path"):
+        main(["--output_dir", str(output), *TINY, "--max_steps", "10", "--do_train", "--resume_from_checkpoint",
+              str(checkpoint)])  # fmt: skip
+
+
+def test_every_shipped_recipe_saves_checkpoints_that_can_resume():
+    for recipe in sorted((ROOT / "training" / "configs").glob("*.yaml")):
+        assert not yaml.safe_load(recipe.read_text()).get("save_only_model"), recipe.name
+
+
+def test_the_trained_checkpoint_is_calibrated_and_its_card_says_what_was_kept(tmp_path, monkeypatch):
+    output = tmp_path / "out"
+    main(["--output_dir", str(output), *TINY, "--max_steps", "4", "--do_train", "--eval_strategy", "steps",
+          "--eval_steps", "2", "--save_steps", "2"])  # fmt: skip
+    generation = json.loads((output / "generation_config.json").read_text())
+    layer, inverted = generation["novelty_z_layer"], generation["novelty_z_inverted"]
+    card = (output / "README.md").read_text()
+    orientation = "1 - z (inverted)" if inverted else "z as learned"
+    assert f"| novelty reads z of (calibrated) | encoder layer {layer}, {orientation} |" in card
+    eval_loss = json.loads((output / "eval_results.json").read_text())["eval_loss"]
+    assert f"kept the model of the last step (4), validation loss {eval_loss:.4f}" in card
+    assert "best validation" not in card  # load_best_model_at_end is off: the last model is the saved one
+    # the card's code runs as written from where the run was started
+    snippet = card.split("```python\n")[1].split("```")[0]
+    assert f'model="{output}"' in snippet
+    from transformers import pipeline
+
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # calibrated: novelty decoding has nothing to warn about
+        paraphraser = pipeline("text2text-generation", model=str(output), trust_remote_code=True)
+        assert paraphraser("what is the capital of france ?", novelty=0.5, num_beams=2, max_new_tokens=4)

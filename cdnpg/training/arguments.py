@@ -242,6 +242,13 @@ class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
         default=True,
         metadata={"help": "Kept in the saved config: generation uses the cache; the loss never does."},
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace an earlier run in output_dir: every file of it is removed first. Without it a non-empty "
+            "output_dir is refused, unless --resume_from_checkpoint continues the run there."
+        },
+    )
 
 
 def parse_args(
@@ -268,11 +275,26 @@ def parse_args(
         raise UsageError(str(error)) from error
 
 
+def check_stages(model_args: ModelArguments, training_args: CDNPGTrainingArguments) -> None:
+    """A run trains, or evaluates a model that exists: never an untrained one, saved as if it were a result.
+
+    TrainingArguments turns `do_eval` on by itself whenever `eval_strategy` is not "no" (the default here), so a run
+    given no stage flag at all would evaluate and save a freshly initialised model and exit 0.
+    """
+    if not training_args.do_train and not (model_args.model_name_or_path or model_args.init_from):
+        raise UsageError(
+            "no --do_train: this run would evaluate and save an untrained model. Add the stage flags to run "
+            "(--do_train --do_eval --do_predict, as training/configs/paper.yaml sets them), or give "
+            "--model_name_or_path to evaluate a trained model"
+        )
+
+
 __all__ = [
     "DATASETS",
     "CDNPGTrainingArguments",
     "DataArguments",
     "ModelArguments",
     "UsageError",
+    "check_stages",
     "parse_args",
 ]

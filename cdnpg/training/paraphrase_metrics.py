@@ -62,7 +62,7 @@ Metrics (keys of the returned dict)
         only synonyms whose stems are themselves WordNet lemmas get credit (``car``/``auto`` do, ``automobile``
         whose stem is ``automobil`` does not). A prediction identical to a reference of n tokens scores
         ``100 * (1 - 0.5 / n**3)`` (one chunk). WordNet must be installed; there is no fallback: see
-        ``training/install_wordnet.py``.
+        ``cdnpg install-wordnet`` (``training/install_wordnet.py`` in a checkout).
     ``sacrebleu``, ``sacrebleu_self``
         Corpus-level ``sacrebleu.corpus_bleu`` with its default settings (13a tokenisation, exponential smoothing)
         on the normalised strings, against the references and, if given, the sources: a modern, comparable
@@ -130,7 +130,7 @@ WORDNET_MISSING = (
     "METEOR needs NLTK's WordNet corpus, which was not found on NLTK's data path ({path}). Install it without "
     "internet access from Debian's WordNet 3.0 packages:\n"
     "    apt-get install -y --no-install-recommends wordnet-base wordnet-sense-index\n"
-    "    python training/install_wordnet.py\n"
+    "    cdnpg install-wordnet\n"
     "(or, with internet access, python -m nltk.downloader wordnet)."
 )
 

@@ -2,9 +2,11 @@
 train, save, evaluate, generate and score, in that order, so that the weights are on disk before anything that
 could fail after training (evaluation, scoring, the model card, the push) runs."""
 
+import functools
 import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -12,7 +14,9 @@ from pathlib import Path
 
 import datasets
 import evaluate
+import torch
 import transformers
+from accelerate import PartialState
 from transformers import (
     DataCollatorForSeq2Seq,
     EarlyStoppingCallback,
@@ -42,13 +46,22 @@ from cdnpg.training.arguments import (
     DataArguments,
     ModelArguments,
     UsageError,
+    check_stages,
     parse_args,
 )
 from configuration_cdnpg import CDNPGConfig
 from modeling_cdnpg import CDNPGForConditionalGeneration
+from modeling_cdnpg.generation_cdnpg import calibrate_granularity
 
 logger = logging.getLogger("cdnpg.training")
 METRICS_SCRIPT = Path(__file__).with_name("paraphrase_metrics.py")  # an `evaluate` module, shipped in the package
+# What a run writes to output_dir. Any of the first marks a folder as an earlier run's, which --overwrite_output_dir
+# may remove; the results are what a resumed run replaces, so none of them outlives the run that wrote it.
+RUN_FILES = ("config.json", "trainer_state.json", "training_args.bin", "tokenizer", "all_results.json")
+RESULT_FILES = (
+    "predictions.jsonl", "all_results.json", "train_results.json", "eval_results.json", "test_results.json", "README.md"
+)  # fmt: skip
+CALIBRATION_TEXTS = 2000  # training sources that calibrate_granularity reads (word frequencies and z): seconds
 
 
 class PostTrainingError(RuntimeError):
@@ -65,6 +78,73 @@ def model_kept_on_failure(output_dir: str | os.PathLike, step: str) -> Iterator[
         raise PostTrainingError(
             f"{step} failed ({type(error).__name__}: {error}); the trained model is saved in {output_dir}"
         ) from error
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run's folder
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def check_distributed_launch(args: CDNPGTrainingArguments) -> None:
+    """Processes that a launcher started together must train together. accelerate turns FSDP and multi-GPU configs
+    into unconnected single processes where there is no GPU: each would train the whole model on all the data and
+    write the same files as the others."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and args.world_size == 1:
+        raise UsageError(
+            f"{launched} processes were launched but run as {launched} separate single-process runs writing to the "
+            "same output_dir. Without GPUs accelerate runs only DDP on CPUs: launch with "
+            "--config_file training/configs/accelerate/ddp.yaml (or --multi_gpu --use_cpu true); FSDP needs GPUs"
+        )
+
+
+def check_resumable(checkpoint: str) -> None:
+    """A checkpoint resumes a run only with the optimizer and schedule state beside the weights; without them the
+    Trainer would silently restart warm-up and AdamW's moments from zero."""
+    path = Path(checkpoint)
+    if not path.is_dir():
+        raise UsageError(f"--resume_from_checkpoint {checkpoint}: no such checkpoint folder")
+    if not (path / "trainer_state.json").is_file():
+        raise UsageError(f"--resume_from_checkpoint {checkpoint}: not a Trainer checkpoint (no trainer_state.json)")
+    if not any(path.glob("optimizer*")) or not any(path.glob("scheduler*")):
+        raise UsageError(
+            f"--resume_from_checkpoint {checkpoint}: the checkpoint holds the model but not the optimizer and "
+            "learning-rate schedule (saved with save_only_model), so resuming would restart warm-up and AdamW from "
+            f"zero. Start a new run from its weights with --model_name_or_path {checkpoint}, or save checkpoints "
+            "with --save_only_model false"
+        )
+
+
+def prepare_output_dir(args: CDNPGTrainingArguments) -> None:
+    """transformers' convention: a non-empty output_dir is refused unless the run continues (--resume_from_checkpoint)
+    or replaces (--overwrite_output_dir) the one there, so nothing of an earlier run is silently reused or mixed in.
+    Replacing removes every file of the earlier run; resuming keeps its checkpoints and tokenizer and removes its
+    results (predictions, metrics, card), which the resumed run writes anew."""
+    if args.resume_from_checkpoint:
+        check_resumable(args.resume_from_checkpoint)
+    folder = Path(args.output_dir)
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    if entries and not args.overwrite_output_dir and not args.resume_from_checkpoint:
+        raise UsageError(
+            f"--output_dir {folder} is not empty ({', '.join(path.name for path in entries[:4])}"
+            f"{', ...' if len(entries) > 4 else ''}): give --overwrite_output_dir to replace the run there (its "
+            "files are removed), --resume_from_checkpoint to continue it, or another --output_dir"
+        )
+    if entries and args.overwrite_output_dir and not any((folder / name).exists() for name in RUN_FILES):
+        raise UsageError(
+            f"--output_dir {folder} holds files but no training run (none of {', '.join(RUN_FILES)}); "
+            "--overwrite_output_dir removes only an earlier run's folder: choose another --output_dir"
+        )
+    PartialState().wait_for_everyone()  # every process has looked before the main one changes anything
+    if entries and args.process_index == 0:
+        if args.overwrite_output_dir and not args.resume_from_checkpoint:
+            logger.info("Removing the earlier run in %s (--overwrite_output_dir)", folder)
+            doomed = entries
+        else:
+            doomed = [folder / name for name in RESULT_FILES if (folder / name).exists()]
+        for path in doomed:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    PartialState().wait_for_everyone()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -184,10 +264,35 @@ class CDNPGTrainer(Seq2SeqTrainer):
 
     card: dict | None = None  # `render_model_card`'s keyword arguments, set by `write_model_card`
 
+    @property
+    def gather_function(self):
+        """`gather_for_metrics`, always. Seq2SeqTrainer's evaluate/predict switch to `gather`, which keeps the samples
+        accelerate repeats to give every process a full last batch: 20 test pairs on 2 processes came back as 128
+        predictions. `gather_for_metrics` drops them, so predictions and losses are those of a single process."""
+        return functools.partial(
+            self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
+        )
+
+    @gather_function.setter
+    def gather_function(self, value) -> None:  # Trainer and Seq2SeqTrainer assign it; the property decides
+        pass
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call=_internal_call)
         if self.args.should_save and self.processing_class is not None:  # checkpoints come through here too
             make_tokenizer_config_portable(output_dir or self.args.output_dir)
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """The Trainer's report of a resumed checkpoint, without the tied copies of the embedding (the encoder's and
+        decoder's `embed_tokens` and `lm_head` are one tensor, stored once): only weights that are really missing."""
+        parameters = dict(self.model.named_parameters(remove_duplicate=False))
+        loaded = [parameters[name] for name in parameters if name not in load_result.missing_keys]
+        missing = [
+            name
+            for name in load_result.missing_keys
+            if not any(parameters.get(name) is parameter for parameter in loaded)
+        ]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def write_model_card(self, **card) -> None:
         self.card = card
@@ -195,7 +300,9 @@ class CDNPGTrainer(Seq2SeqTrainer):
 
     def create_model_card(self, *args, **kwargs) -> None:
         if self.is_world_process_zero():
-            model_id = self.args.hub_model_id or Path(self.args.output_dir).name
+            # the name the card's code loads: the Hub repository when pushing, else the folder as the run named it
+            pushed = self.args.push_to_hub and (self.args.hub_model_id or Path(self.args.output_dir).name)
+            model_id = pushed or self.args.output_dir
             path = Path(self.args.output_dir) / "README.md"
             card = render_model_card(self.model, model_id, **(self.card or {}))
             path.with_suffix(".md.tmp").write_text(card, encoding="utf-8")
@@ -283,6 +390,8 @@ def train_and_score(
         record(trainer, "train", result.metrics, metrics)
     # Seq2SeqTrainer leaves every generation default in the config (max_length too): save only what was chosen
     trainer.model.generation_config = decoding_config(trainer.model, args.generation_num_beams, max_new_tokens)
+    if args.do_train:
+        calibrate(trainer.model, trainer.processing_class, corpus["train"]["source"][:CALIBRATION_TEXTS])
     trainer.save_model()
     if "validation" in features and (args.do_eval or args.do_train):
         with model_kept_on_failure(output_dir, "evaluation on the validation split"):
@@ -297,15 +406,39 @@ def train_and_score(
     return metrics
 
 
-def training_summary(trainer: Seq2SeqTrainer, data: str, corpus: datasets.DatasetDict) -> str:
-    """The model card's account of the data and the recipe."""
+def calibrate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> None:
+    """Choose the encoder layer and orientation of z that novelty decoding reads (`calibrate_granularity`), from the
+    training sources, so that the saved checkpoint is calibrated; a model without granularity heads has none."""
+    if getattr(model.config, "granularity_mask", "none") == "none" or not texts:
+        return
+    was_training = model.training
+    model.eval()  # z without dropout, as generation sees it
+    with torch.no_grad():
+        choice = calibrate_granularity(model, tokenizer, list(texts))
+    model.train(was_training)
+    logger.info(
+        "Calibrated z for novelty: encoder layer %s, %s",
+        choice["novelty_z_layer"],
+        "inverted" if choice["novelty_z_inverted"] else "as learned",
+    )
+
+
+def training_summary(
+    trainer: Seq2SeqTrainer, data: str, corpus: datasets.DatasetDict, metrics: dict[str, float]
+) -> str:
+    """The model card's account of the data, the recipe and which model was kept."""
     args, state = trainer.args, trainer.state
     splits = ", ".join(f"{len(rows):,} {split}" for split, rows in corpus.items())
-    selection = f"best validation loss {state.best_metric:.4f}" if state.best_metric is not None else "last model"
+    if args.load_best_model_at_end and state.best_metric is not None:
+        selection = f"the checkpoint with the best validation {args.metric_for_best_model} ({state.best_metric:.4f})"
+    else:
+        selection = f"the model of the last step ({state.global_step})"
+    if "eval_loss" in metrics:
+        selection += f", validation loss {metrics['eval_loss']:.4f}"
     return (
         f"{data} ({splits} pairs); AdamW lr {args.learning_rate}, {args.lr_scheduler_type.value} schedule, "
         f"{args.warmup_steps:g} warm-up steps, batch {args.per_device_train_batch_size} per device x "
-        f"{args.world_size} devices, {state.global_step} steps; {selection}."
+        f"{args.world_size} devices, {state.global_step} steps; kept {selection}."
     )
 
 
@@ -315,6 +448,9 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     logger.setLevel(training_args.get_process_log_level())
+    check_stages(model_args, training_args)
+    check_distributed_launch(training_args)
+    prepare_output_dir(training_args)
     metric = load_metric() if training_args.do_predict else None
     set_seed(training_args.seed)
 
@@ -332,7 +468,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         trainer.write_model_card(
             metrics={k.removeprefix("test_"): v for k, v in metrics.items() if k.startswith("test_")},
             dataset=data_name(data_args),
-            training_summary=training_summary(trainer, data_name(data_args), corpus),
+            training_summary=training_summary(trainer, data_name(data_args), corpus, metrics),
             max_length=data_args.max_source_length,
             warm_start=checkpoint_name(model_args.init_from) if model_args.init_from else None,
         )
