@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cdnpg.data import save_tokenizer, template_corpus, train_wordpiece_tokenizer
 from modeling_cdnpg import CDNPGConfig, CDNPGForConditionalGeneration
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -47,3 +48,11 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip("../shared is absent")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> str:
+    """One tokenizer for runs that are compared: `tokenizers` breaks frequency ties differently in each process."""
+    corpus = template_corpus(num_train=256, num_valid=16, num_test=16, seed=0)["train"]
+    tokenizer = train_wordpiece_tokenizer([*corpus["source"], *corpus["target"]], vocab_size=400)
+    return str(save_tokenizer(tokenizer, tmp_path_factory.mktemp("tokenizer")))

@@ -6,14 +6,17 @@ script) on a tiny random model saved once per module; each costs a few seconds o
 them. Everything that does not need a process (rendering, layout, generation settings, usage errors) runs here.
 """
 
+import importlib.util
 import itertools
 import json
 import logging
 import os
+import queue
 import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -255,7 +258,62 @@ def test_a_missing_model_that_looks_like_a_hub_id_fails_at_once_with_the_documen
         assert f"--model {name}: no such model directory" in capsys.readouterr().err
 
 
+def test_piped_input_is_paraphrased_line_by_line_as_it_arrives(model_dir):
+    """A slow producer (`slow_producer | cdnpg paraphrase`): each line's paraphrase is printed before the next line
+    is written, not after 32 lines or the end of input."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cdnpg.cli", "paraphrase", "--model", str(model_dir), "--num-beams", "2"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    try:
+        printed = []
+        for sentence in (SENTENCE, "why is the sky blue ?", "what is the best way to lose weight ?"):
+            process.stdin.write(sentence + "\n")
+            process.stdin.flush()  # and the producer waits: without streaming, nothing comes back until the end
+            printed.append(lines.get(timeout=60))
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0 and lines.empty()
+    finally:
+        process.kill()
+    assert all(line.endswith("\n") and line.strip() for line in printed)
+    batch = run_cli("paraphrase", "--model", str(model_dir), "--num-beams", "2", SENTENCE, "why is the sky blue ?")
+    assert [line[:-1] for line in printed[:2]] == output_lines(batch.stdout)  # the same paraphrases, in order
+
+
+def test_install_wordnet_is_a_subcommand_of_the_installed_package(tmp_path):
+    if not Path("/usr/share/wordnet/index.noun").is_file():
+        pytest.skip("Debian's wordnet-base is not installed (scripts/setup.sh installs it)")
+    result = run_cli("install-wordnet", "--target", str(tmp_path / "nltk_data"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "nltk_data" / "corpora" / "wordnet" / "lexnames").is_file()
+    assert "Verified WordNet 3.0" in result.stderr
+
+
 # In process from here on: `main(argv)` is the same code without the seconds of imports of a fresh process.
+
+
+def test_a_heat_map_without_matplotlib_is_one_line_naming_the_package(model_dir, tmp_path, capsys, monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a)
+    )
+    assert main(["granularity", "--model", str(model_dir), SENTENCE, "--out", str(tmp_path / "z.png")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("cdnpg: error: --out") and "pip install matplotlib" in err and len(err.splitlines()) == 1
+    assert main(["granularity", "--model", str(model_dir), SENTENCE, "--out", str(tmp_path / "z.html")]) == 0
+
+
+def test_any_missing_optional_module_is_one_line_naming_it(model_dir, capsys, monkeypatch):
+    def missing(args):
+        raise ModuleNotFoundError("No module named 'datasets'", name="datasets")
+
+    monkeypatch.setattr("cdnpg.commands.load_model", lambda *a: missing(a))
+    assert main(["paraphrase", "--model", str(model_dir), SENTENCE]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("cdnpg: error: datasets is not installed; pip install datasets") and "Traceback" not in err
 
 
 def test_granularity_of_a_model_without_granularity_heads_is_a_clear_error(none_model_dir, tmp_path, capsys):

@@ -11,9 +11,11 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 import zipfile
 from pathlib import Path
 from unittest import mock
@@ -402,12 +404,33 @@ def test_a_hub_id_is_tried_online_and_offline_only_from_the_local_cache(tmp_path
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("cdnpg.hub.hub_reachable", lambda: True)
     assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(FileNotFoundError, match=r"someone/cdnpg-tiny: no such model directory.*HF_HUB_OFFLINE"):
         resolve_model_source("someone/cdnpg-tiny")
     materialise_snapshot(tmp_path / "hub", "someone/cdnpg-tiny", {"config.json": b"{}"})
     assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
+
+
+@pytest.mark.parametrize("network", ["refused", "silent"])
+def test_a_hub_id_fails_at_once_when_the_hub_cannot_be_reached(network, tmp_path, monkeypatch):
+    """`runs/nonexistent` from a folder without runs/ reads as a Hub id; with no connection huggingface_hub would
+    retry for half a minute. A refused connection, or one that never answers, fails within the check's timeout."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    def connect(address, timeout):
+        if network == "silent":
+            time.sleep(30)  # a name lookup or a dropped packet: no answer, no error
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+    start = time.monotonic()
+    with pytest.raises(FileNotFoundError, match=r"^runs/nonexistent: no such model directory, not in the local Hub"):
+        resolve_model_source("runs/nonexistent")
+    assert time.monotonic() - start < 2
 
 
 def test_an_existing_path_that_is_not_a_model_directory_is_named(tmp_path):

@@ -1,0 +1,79 @@
+"""Several processes through `accelerate launch`, as users start them: every stage (train, evaluate, predict) on 2 CPU
+processes with the shipped DDP config gives what one process gives, and processes that accelerate did not connect
+are refused instead of each training alone into the same folder."""
+
+import json
+import sys
+
+import pytest
+
+from tests.test_training import ROOT, TINY, run
+
+ARCHITECTURE = {"--d_model", "--layers", "--attention_heads", "--ffn_dim", "--vocab_size", "--dropout"}
+
+DDP_CONFIG = ROOT / "training" / "configs" / "accelerate" / "ddp.yaml"
+FSDP_CONFIG = ROOT / "training" / "configs" / "accelerate" / "fsdp.yaml"
+# 20 test pairs in batches of 3 per process: 7 batches, so the processes get 4 and 3 of them, the last one short
+STAGES = ["--do_train", "--do_eval", "--do_predict", "--template_sizes", "256", "12", "20",
+          "--per_device_eval_batch_size", "3", "--generation_num_beams", "2"]  # fmt: skip
+
+
+def without_timings(metrics: dict[str, float]) -> dict[str, float]:
+    return {key: value for key, value in metrics.items() if not key.endswith(("runtime", "per_second", "_time"))}
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_run_every_stage_and_predict_what_one_process_predicts(tmp_path, tokenizer_dir):
+    trained = tmp_path / "ddp"
+    common = [*TINY, *STAGES, "--tokenizer_name", tokenizer_dir, "--use_cpu", "True"]
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(DDP_CONFIG)]
+    run(["--output_dir", str(trained), *common, "--max_steps", "4", "--per_device_train_batch_size", "8"],
+        launcher=launcher)  # fmt: skip
+    # the saved model, evaluated and decoded by one process
+    single = tmp_path / "single"
+    given = [flag for flag in TINY if flag.startswith("--")]
+    kept = [  # TINY less the architecture flags, which the checkpoint brings
+        item for flag in given if flag not in ARCHITECTURE for item in TINY[TINY.index(flag) : TINY.index(flag) + 2]
+    ]
+    run(["--output_dir", str(single), *kept, *STAGES, "--model_name_or_path", str(trained),
+         "--do_train", "False"])  # fmt: skip
+
+    ddp_rows = [json.loads(line) for line in (trained / "predictions.jsonl").read_text().splitlines()]
+    single_rows = [json.loads(line) for line in (single / "predictions.jsonl").read_text().splitlines()]
+    assert len(ddp_rows) == 20 and ddp_rows == single_rows  # one per pair, in the test split's order, same text
+    single_eval = json.loads((single / "eval_results.json").read_text())
+    ddp, one = (without_timings(json.loads((path / "test_results.json").read_text())) for path in (trained, single))
+    assert ddp.keys() == one.keys() and "test_bleu4" in ddp
+    for key in ddp:  # the Trainer's loss is a mean of batch means: the short last batch, which accelerate fills up
+        # with repeated pairs on the second process, weighs a little differently there; every score is exact
+        assert ddp[key] == pytest.approx(one[key], rel=1e-3 if key == "test_loss" else 1e-9), key
+    ddp_eval = json.loads((trained / "eval_results.json").read_text())
+    assert ddp_eval["eval_loss"] == pytest.approx(single_eval["eval_loss"], rel=1e-4)  # float rounding only
+    assert json.loads((trained / "trainer_state.json").read_text())["global_step"] == 4
+    assert "x 2 devices" in (trained / "README.md").read_text()
+
+
+def test_processes_that_accelerate_did_not_connect_are_refused(tmp_path):
+    """`accelerate launch` with the FSDP config on a machine without GPUs starts 2 processes that are not connected
+    (accelerate does FSDP on GPUs only): each would train everything and write the same files as the other."""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG)]
+    output = tmp_path / "out"
+    result = run(["--output_dir", str(output), *TINY, "--do_train"], launcher=launcher, check=False)
+    assert result.returncode != 0
+    assert "2 processes were launched but run as 2 separate single-process runs" in result.stderr
+    assert "accelerate/ddp.yaml" in result.stderr and not output.exists()
+
+
+def test_the_shipped_accelerate_configs_name_what_to_change_for_gpus():
+    import yaml
+
+    for path, kind in ((DDP_CONFIG, "MULTI_GPU"), (FSDP_CONFIG, "FSDP")):
+        config = yaml.safe_load(path.read_text())
+        assert config["distributed_type"] == kind and config["num_processes"] == 2 and config["use_cpu"] is True
+        assert "bf16" in path.read_text() and "use_cpu" in path.read_text().split("compute_environment")[0]
+    fsdp = yaml.safe_load(FSDP_CONFIG.read_text())["fsdp_config"]
+    assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    from modeling_cdnpg import modeling_cdnpg
+
+    for name in fsdp["fsdp_transformer_layer_cls_to_wrap"].split(","):
+        assert isinstance(getattr(modeling_cdnpg, name), type), name  # the wrapped classes exist under these names
