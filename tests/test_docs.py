@@ -16,8 +16,9 @@ the others (text, yaml, ...) are not code.
 
 Each snippet runs in a fresh process, from its own copy of the project, as a user would from the checkout:
 `.venv` is the environment running these tests, whose bin comes first on PATH; `../shared` is the shared data when
-there is some; the Hub is offline. A tiny C-DNPG checkpoint is saved once and copied under every name of
-CHECKPOINTS (and put in the offline Hub cache under HUB_IDS); the files of INPUT_FILES are there. A snippet naming
+there is some; the Hub is offline. A tiny C-DNPG checkpoint is saved once and copied under each name of CHECKPOINTS
+that the snippet names (a training command writes its own; run.py refuses a non-empty output folder), and put in the
+offline Hub cache under HUB_IDS; the files of INPUT_FILES are there. A snippet naming
 another checkpoint or input file fails: add it here.
 """
 
@@ -296,6 +297,9 @@ def test_snippet_runs(snippet, workdir, hub_cache, tmp_path):
         pytest.skip(reason)
     if "../shared" in snippet.code and not SHARED.is_dir():
         pytest.skip("../shared is absent")
+    for name in CHECKPOINTS:  # only where the snippet names it: a training command refuses a non-empty output_dir
+        if name not in snippet.code:
+            shutil.rmtree(workdir / name)
     if snippet.language in PYTHON:
         script = tmp_path / "snippet.py"
         script.write_text(snippet.code)
