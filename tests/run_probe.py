@@ -31,6 +31,8 @@ class WeightDigest(TrainerCallback):
     def on_train_end(self, args, state, control, model=None, **kwargs):
         digest = hashlib.sha256()
         for name, tensor in sorted(model.state_dict().items()):
+            if hasattr(tensor, "full_tensor"):  # FSDP2 shards parameters as DTensors: every rank gathers all
+                tensor = tensor.full_tensor()
             digest.update(name.encode() + tensor.detach().cpu().contiguous().numpy().tobytes())
         rank = args.process_index
         (Path(args.output_dir) / f"weights-rank{rank}.json").write_text(json.dumps({"sha256": digest.hexdigest()}))

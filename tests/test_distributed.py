@@ -77,3 +77,23 @@ def test_the_shipped_accelerate_configs_name_what_to_change_for_gpus():
 
     for name in fsdp["fsdp_transformer_layer_cls_to_wrap"].split(","):
         assert isinstance(getattr(modeling_cdnpg, name), type), name  # the wrapped classes exist under these names
+
+
+def test_fsdp_runs_embed_with_the_shared_module_and_compute_what_they_computed():
+    """FSDP2 as accelerate wraps a model groups the input embedding with the LM head, and refuses a tied weight that
+    another module also holds; under FSDP, CDNPGTrainer makes the tied stacks embed with `shared` itself."""
+    import torch
+
+    from cdnpg.training.pipeline import share_tied_embedding_modules
+    from tests.conftest import tiny_model
+
+    model = tiny_model()
+    assert model.model.encoder.embed_tokens is not model.model.shared  # transformers 5 ties the weight only
+    ids = torch.tensor([[5, 6, 7, 2]])
+    before = model(input_ids=ids, decoder_input_ids=ids).logits
+    share_tied_embedding_modules(model)
+    assert model.model.encoder.embed_tokens is model.model.shared is model.model.decoder.embed_tokens
+    torch.testing.assert_close(model(input_ids=ids, decoder_input_ids=ids).logits, before, rtol=0, atol=0)
+    untied = tiny_model(tie_word_embeddings=False)
+    share_tied_embedding_modules(untied)
+    assert untied.model.encoder.embed_tokens is not untied.model.shared  # separate weights stay separate

@@ -147,6 +147,33 @@ def prepare_output_dir(args: CDNPGTrainingArguments) -> None:
     PartialState().wait_for_everyone()
 
 
+def share_tied_embedding_modules(model: torch.nn.Module) -> None:
+    """Make the tied encoder and decoder embeddings the `shared` module itself (as transformers 4.57 ties them; 5.x
+    ties the weight of three modules). FSDP2, as accelerate wraps a model, puts the input embedding and the LM head in
+    one unit, and refuses a tied weight that another module also holds ("shared with a parameter already managed by
+    another FSDP group")."""
+    base = getattr(model, "model", None)
+    if getattr(model.config, "tie_word_embeddings", False) and hasattr(base, "shared"):
+        base.encoder.embed_tokens = base.decoder.embed_tokens = base.shared
+
+
+@contextmanager
+def fsdp_root_unsharded(model: torch.nn.Module) -> Iterator[None]:
+    """Under FSDP2 the root module's own parameters (positions, embedding LayerNorms) are gathered by the hooks of its
+    forward; `generate()` and the calibration call the encoder directly, past those hooks, and would meet shards.
+    Each layer and the tied embedding are FSDP units of their own, gathered by their own hooks."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------------------------------------------------
@@ -264,6 +291,11 @@ class CDNPGTrainer(Seq2SeqTrainer):
 
     card: dict | None = None  # `render_model_card`'s keyword arguments, set by `write_model_card`
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.is_fsdp_enabled:
+            share_tied_embedding_modules(self.model)
+
     @property
     def gather_function(self):
         """`gather_for_metrics`, always. Seq2SeqTrainer's evaluate/predict switch to `gather`, which keeps the samples
@@ -281,6 +313,10 @@ class CDNPGTrainer(Seq2SeqTrainer):
         super().save_model(output_dir, _internal_call=_internal_call)
         if self.args.should_save and self.processing_class is not None:  # checkpoints come through here too
             make_tokenizer_config_portable(output_dir or self.args.output_dir)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        with fsdp_root_unsharded(self.model):
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
 
     def _issue_warnings_after_load(self, load_result) -> None:
         """The Trainer's report of a resumed checkpoint, without the tied copies of the embedding (the encoder's and
@@ -413,7 +449,7 @@ def calibrate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts:
         return
     was_training = model.training
     model.eval()  # z without dropout, as generation sees it
-    with torch.no_grad():
+    with torch.no_grad(), fsdp_root_unsharded(model):
         choice = calibrate_granularity(model, tokenizer, list(texts))
     model.train(was_training)
     logger.info(
