@@ -159,6 +159,23 @@ def test_a_missing_model_path_is_named_without_a_traceback(tmp_path):
     assert f"{missing}: no such model directory" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_missing_model_that_looks_like_a_hub_id_fails_before_torch_is_imported(tmp_path):
+    """`runs/nonexistent` from a folder without runs/ reads as a Hub id: with the Hub unreachable (here a closed local
+    port) run.py names the flag and the path at once, before the seconds of importing torch and transformers."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9"}
+    env.pop("HF_HUB_OFFLINE", None)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", str(ROOT / "training" / "run.py"), "--model_name_or_path",
+         "runs/nonexistent", "--do_predict"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "run.py: error: --model_name_or_path runs/nonexistent: no such model directory" in result.stderr
+    assert "cannot be reached" in result.stderr and "Traceback" not in result.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import")}
+    assert "huggingface_hub" in imported and "torch" not in imported and "transformers" not in imported
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not WHEEL_PYTHON, reason="CDNPG_WHEEL_PYTHON (a virtualenv with the train extras) is not set")
 def test_run_py_with_the_package_installed_from_a_wheel_saves_everything(tmp_path):

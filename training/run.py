@@ -19,7 +19,7 @@ The output directory ends up a Hub-ready checkpoint (weights, remote code, token
 `train_results.json` / `eval_results.json` / `test_results.json` per stage) and the trainer state. The model is saved
 as soon as training ends: a later failure (scoring, model card, push) says what failed and leaves it in place.
 
-Everything here is the installed `cdnpg.training` package; this file is its command line.
+Everything here is the installed `cdnpg.training` package; this file is its command line (`cdnpg.training.entry`).
 """
 
 from cdnpg.training import cli

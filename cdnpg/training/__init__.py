@@ -6,64 +6,31 @@ functions.
 - `pipeline`: data and tokenizer, model, `CDNPGTrainer`, then train, save, evaluate, predict and score (`main`);
 - `baselines`: transformers' BART of the same size;
 - `paraphrase_metrics`: the paper's metrics as an `evaluate` module (`load_metric()`, or
-  `evaluate.load(cdnpg.training.METRICS_SCRIPT)`).
+  `evaluate.load(cdnpg.training.METRICS_SCRIPT)`);
+- `entry`: `cli()`, the command line.
+
+Names load on first use (PEP 562): `training/run.py` checks its model flags before torch and transformers are
+imported, so that a missing model fails at once.
 """
 
-from cdnpg.training.arguments import (
-    DATASETS,
-    CDNPGTrainingArguments,
-    DataArguments,
-    ModelArguments,
-    UsageError,
-    parse_args,
-)
-from cdnpg.training.baselines import bart_config_like, bart_like
-from cdnpg.training.pipeline import (
-    METRICS_SCRIPT,
-    CDNPGTrainer,
-    PostTrainingError,
-    build_config,
-    build_model,
-    cli,
-    data_name,
-    decoding_config,
-    load_metric,
-    load_pairs,
-    main,
-    make_trainer,
-    predict,
-    prepare_data,
-    score,
-    tokenize,
-    train_and_score,
-    write_predictions,
-)
+import importlib
+from typing import Any
 
-__all__ = [
-    "DATASETS",
-    "METRICS_SCRIPT",
-    "CDNPGTrainer",
-    "CDNPGTrainingArguments",
-    "DataArguments",
-    "ModelArguments",
-    "PostTrainingError",
-    "UsageError",
-    "bart_config_like",
-    "bart_like",
-    "build_config",
-    "build_model",
-    "cli",
-    "data_name",
-    "decoding_config",
-    "load_metric",
-    "load_pairs",
-    "main",
-    "make_trainer",
-    "parse_args",
-    "predict",
-    "prepare_data",
-    "score",
-    "tokenize",
-    "train_and_score",
-    "write_predictions",
-]
+_EXPORTS = {
+    "arguments": ("DATASETS", "CDNPGTrainingArguments", "DataArguments", "ModelArguments", "UsageError", "parse_args"),
+    "baselines": ("bart_config_like", "bart_like"),
+    "entry": ("cli",),
+    "pipeline": (
+        "METRICS_SCRIPT", "CDNPGTrainer", "PostTrainingError", "build_config", "build_model", "data_name",
+        "decoding_config", "load_metric", "load_pairs", "main", "make_trainer", "predict", "prepare_data", "score",
+        "tokenize", "train_and_score", "write_predictions",
+    ),
+}  # fmt: skip
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -512,12 +511,3 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         with model_kept_on_failure(output_dir, "the push to the Hub"):
             trainer.push_to_hub(commit_message="C-DNPG checkpoint")
     return metrics
-
-
-def cli(argv: list[str] | None = None) -> None:
-    """`main` for the command line: a wrong flag, a missing file or a failure after the save ends with its message
-    (the log above it has the details), not a traceback."""
-    try:
-        main(argv)
-    except (UsageError, FileNotFoundError, PostTrainingError) as error:
-        raise SystemExit(f"{Path(sys.argv[0]).name}: error: {error}") from None
