@@ -68,15 +68,6 @@ def test_loading_report_lists_every_missing_weight(model_class, tmp_path):
     }
 
 
-def test_a_non_main_process_save_leaves_the_checkpoint_alone(tmp_path):
-    """Trainer calls save_pretrained on every rank with is_main_process=False on all but rank 0: those calls must not
-    stage, and so must not clean up weight files that rank 0 wrote."""
-    tiny_model().save_pretrained(tmp_path)
-    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
-    tiny_model(seed=1).save_pretrained(tmp_path, is_main_process=False)
-    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
-
-
 def test_config_output_flags_are_honoured_and_arguments_override_them():
     model = tiny_model(output_attentions=True, output_hidden_states=True)
     input_ids, attention_mask = batch()
