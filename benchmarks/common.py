@@ -44,7 +44,7 @@ def write_json(results: dict, path: Path) -> None:
     tmp.replace(path)
 
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+def format_table(header: list[str], rows: list[list[str]]) -> str:
     """A markdown table, the first column left-aligned and the others right-aligned."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---", *["---:"] * (len(header) - 1)]) + "|"]
     return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])

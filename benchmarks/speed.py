@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from common import machine_info, markdown_table, write_json
+from common import format_table, machine_info, write_json
 from torch.utils import benchmark
 from transformers import CompileConfig, GenerationConfig
 
@@ -275,7 +275,7 @@ def table(results: dict) -> str:
         memory = f"{r['memory']:.3f}" if "memory" in r else "–"
         quartiles = f"{r['quartiles'][0]:.3f}–{r['quartiles'][1]:.3f}"
         rows.append([key, f"{r['value']:.3f}", r.get("target", "–"), status, quartiles, memory])
-    return markdown_table(["L/ratio", "value", "target", "status", "quartiles", "peak memory"], rows)
+    return format_table(["L/ratio", "value", "target", "status", "quartiles", "peak memory"], rows)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -18,10 +18,12 @@ import matplotlib.pyplot as plt
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", type=Path, help="speed.py's --out")
+    parser.add_argument("results", type=Path, nargs="+", help="speed.py's --out files (their ratios are merged)")
     parser.add_argument("figure", type=Path, help="PNG to write")
     args = parser.parse_args(argv)
-    results = json.loads(args.results.read_text())
+    results = json.loads(args.results[0].read_text())
+    for other in args.results[1:]:
+        results["ratios"].update(json.loads(other.read_text())["ratios"])
     lengths = list(dict.fromkeys(key.split("/", 1)[0] for key in results["ratios"]))
     names = list(dict.fromkeys(key.split("/", 1)[1] for key in results["ratios"]))
     panels = [[n for n in names if "nocache" not in n], [n for n in names if "nocache" in n]]
