@@ -1007,6 +1007,8 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         return attention_mask
 
     # --- granularity-aware paraphrasing: the rule, the candidates and their ranking live in generation_cdnpg.py ---
+    # An override, not transformers' `custom_generate`: that attaches only to a model loaded from a checkpoint folder
+    # (5.x: with trust_remote_code) or to calls naming the repository, so a model built from its config would lose it.
     def generate(self, *args, novelty: float | None = None, allow_copy: bool = False, **kwargs):
         """`GenerationMixin.generate`, or with `novelty` in [0, 1] (default: the generation config's `novelty`, if
         any) granularity-aware paraphrasing: source bigrams penalised by how template-like they are (1 - z),
