@@ -328,7 +328,7 @@ def main(argv=None) -> dict:
 
     try:
         for length in args.seq_lens:
-            torch._dynamo.reset()  # compiled code is per shape; past torch's recompile limit it would fall back
+            torch.compiler.reset()  # compiled code is per shape; past torch's recompile limit it would fall back
             for part in PARTS:
                 measure(args, QUICK_MODEL if args.quick else {}, length, part, plan, results)
                 save()  # a later failure keeps what was measured
