@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from collections import Counter
 from itertools import combinations
@@ -47,6 +46,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from common import format_table, machine_info, write_json
 
 import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
 from cdnpg import training
@@ -224,16 +224,15 @@ def candidate_stats(candidates: list[list[str]], pairs) -> dict[str, float]:
 def markdown(results: dict) -> str:
     header = ["setting", "BLEU-4", "true iBLEU", "self-BLEU-4", "copies %", "numbers kept %", "rare words kept %"]
     header += ["high-z words kept %", "time × beam"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    rows = [*results["settings"].items(), *results["anchors"].items()]
-    for name, row in rows:
+    rows = []
+    for name, row in [*results["settings"].items(), *results["anchors"].items()]:
         cells = [f"{row['metrics'][key]:.2f}" for key in METRIC_KEYS]
         cells[-1] = f"{row['metrics']['copy_rate']:.1f}"
         cells += [f"{row['retention'][key]:.1f}" for key in RETENTION_KEYS]
         cells.append(f"{row['time_ratio']:.2f}" if "time_ratio" in row else "–")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    candidates = results.get("candidates")
-    if candidates:
+        rows.append([name, *cells])
+    tables = [format_table(header, rows)]
+    if results.get("candidates"):
         head = [
             "5 candidates from",
             "distinct",
@@ -243,12 +242,10 @@ def markdown(results: dict) -> str:
             "iBLEU mean",
             "iBLEU best",
         ]
-        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for name, stats in candidates.items():
-            values = [stats[key] for key in ("distinct", "pairwise_bleu4", "copies_percent")]
-            values += [stats[key] for key in ("ibleu_first", "ibleu_mean", "ibleu_best")]
-            lines.append(f"| {name} | " + " | ".join(f"{value:.2f}" for value in values) + " |")
-    return "\n".join(lines)
+        keys = ("distinct", "pairwise_bleu4", "copies_percent", "ibleu_first", "ibleu_mean", "ibleu_best")
+        rows = [[name, *(f"{stats[key]:.2f}" for key in keys)] for name, stats in results["candidates"].items()]
+        tables.append(format_table(head, rows))
+    return "\n\n".join(tables)
 
 
 def plot(results: dict, path: str) -> None:
@@ -346,11 +343,8 @@ def main(argv: list[str] | None = None) -> dict:
             "decoding": DECODING,
             "calibration": calibration,
             "batch_size": args.batch_size,
-            "threads": torch.get_num_threads(),
-            "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
         },
+        "machine": machine_info(),
         "settings": {},
         "anchors": {},
     }
@@ -378,8 +372,7 @@ def main(argv: list[str] | None = None) -> dict:
         ),
         "novelty 0.5": candidate_stats(decode(paraphraser, list(few["source"]), args.batch_size, 5, novelty=0.5), few),
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results_path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_json(results, results_path)
     samples = {name: predictions[name][:20] for name in rows}
     (out_dir / f"samples-{args.split}.json").write_text(
         json.dumps(

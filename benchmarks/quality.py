@@ -47,7 +47,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,7 @@ from pathlib import Path
 import datasets
 import torch
 import transformers
+from common import format_table, machine_info, write_json
 from transformers import set_seed
 
 from cdnpg import training
@@ -460,19 +460,8 @@ def merge_runs(results: dict, other: dict, where: str) -> None:
     results["config"]["seeds"] = sorted({run["seed"] for entry in results["models"].values() for run in entry["runs"]})
 
 
-def write_results(results: dict, path: Path) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    tmp.replace(path)  # atomic: a reader never sees half a file
-
-
 def _cell(stats: dict[str, float]) -> str:
     return f"{stats['mean']:.2f} ± {stats['std']:.2f}" if stats["n"] > 1 else f"{stats['mean']:.2f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---", *["---:"] * (len(header) - 1)]) + "|"]
-    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
 
 
 def markdown_table(results: dict) -> str:
@@ -490,7 +479,7 @@ def markdown_table(results: dict) -> str:
         paper = PAPER_QUORA.get(name)
         cells += [f"{paper[0]:.2f}", f"{paper[1]:.2f}"] if paper else ["–", "–"]
         rows.append([ROW_NAMES.get(name, name), *cells])
-    return _table(header, rows)
+    return format_table(header, rows)
 
 
 def extra_tables(results: dict) -> list[str]:
@@ -504,7 +493,7 @@ def extra_tables(results: dict) -> list[str]:
             for name, entry in results["models"].items()
             if f"{test}/{EXTRA_KEYS[0]}" in entry["summary"]
         ]
-        tables.append(f"{test}:\n\n" + _table(["model", *(names[key] for key in EXTRA_KEYS)], rows))
+        tables.append(f"{test}:\n\n" + format_table(["model", *(names[key] for key in EXTRA_KEYS)], rows))
     return tables
 
 
@@ -592,7 +581,7 @@ def main(argv: list[str] | None = None) -> dict:
         results = json.loads((out_dir / "results.json").read_text())
         for other in args.merge:
             merge_runs(results, json.loads((Path(other) / "results.json").read_text()), other)
-        write_results(results, out_dir / "results.json")
+        write_json(results, out_dir / "results.json")
         report(results, args.plot)
         return results
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -618,14 +607,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"heads, ffn {setup['ffn_dim']}; {args.max_steps} steps, lr {args.learning_rate}, warm-up "
             f"{args.warmup_steps}, batch {setup['batch_size']}",
         },
-        "machine": {
-            "cpu": _cpu_name(),
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        },
+        "machine": machine_info(),
         "paper_quora_table2": {k: {"ibleu_paper": v[0], "bleu4": v[1]} for k, v in PAPER_QUORA.items()},
         "models": {},
     }
@@ -638,7 +620,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     copy_extra = {test: copy_source(pairs, metric, out_dir / COPY / test) for test, pairs in extras.items()}
     record(results, COPY, 0, copy_source(test_pairs, metric, out_dir / COPY), {}, 0.0, copy_extra)
-    write_results(results, results_path)
+    write_json(results, results_path)
     warm = [f"{WARM}{mask}" for mask in args.warm_variants] if args.init_from else []
     models = [*warm, *args.variants, *([] if args.no_bart else [BART])]
     for seed in args.seeds:
@@ -653,22 +635,13 @@ def main(argv: list[str] | None = None) -> dict:
             state = json.loads((run_dir / "trainer_state.json").read_text())
             record(results, name, seed, raw, state, wall_s, extra)
             results["wall_s"] = round(time.perf_counter() - started, 1)
-            write_results(results, results_path)
+            write_json(results, results_path)
     order = [*models, *(name for name in results["models"] if name not in (*models, COPY)), COPY]
     results["models"] = {name: results["models"][name] for name in order}
     results["config"]["seeds"] = sorted({run["seed"] for entry in results["models"].values() for run in entry["runs"]})
-    write_results(results, results_path)
+    write_json(results, results_path)
     report(results, args.plot)
     return results
-
-
-def _cpu_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

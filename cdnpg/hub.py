@@ -3,7 +3,9 @@
 
 `model.save_pretrained` already writes the weights, the remote code with its `auto_map` and `custom_pipelines`, and
 the generation config. `save_checkpoint` adds the tokenizer (in a form transformers 4.57 reads too) and README.md,
-the model card built with huggingface_hub's `ModelCard` from the project's `model_card.md` template.
+the model card built with huggingface_hub's `ModelCard` from the project's `model_card.md` template, and writes them
+all through `staged_directory`, so that a failed save leaves an earlier checkpoint as it was. (The atomic save lives
+here, not in the checkpoint's remote code: running a checkpoint never needs it.)
 
 This module imports neither torch nor transformers at load time: the command line checks `--model` with
 `resolve_model_source` before it pays for them.
@@ -12,9 +14,12 @@ This module imports neither torch nor transformers at load time: the command lin
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -199,6 +204,34 @@ def render_model_card(
     return f"{card}\n"  # Jinja drops the template's final newline
 
 
+@contextmanager
+def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
+    """The folder to write a checkpoint into, such that a failure never leaves an earlier checkpoint half-overwritten.
+
+    transformers writes in place. A new or empty `target` has nothing to lose and is written directly; an existing
+    checkpoint is written to a temporary sibling folder whose files are moved in at the end (and weight shards of
+    the earlier layout that the new save did not write are removed).
+    """
+    target = Path(target)
+    if target.is_file():
+        raise ValueError(f"save_directory {str(target)!r} is a file, not a folder")
+    if not target.is_dir() or not any(target.iterdir()):
+        target.mkdir(parents=True, exist_ok=True)
+        yield target
+        return
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
+    try:
+        yield staging
+        written = {path.name for path in staging.iterdir()}
+        for path in staging.iterdir():
+            os.replace(path, target / path.name)
+        for stale in [*target.glob("model*.safetensors*"), *target.glob("pytorch_model*.bin*")]:
+            if stale.name not in written:
+                stale.unlink()
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def save_checkpoint(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -210,12 +243,11 @@ def save_checkpoint(
     leaves an earlier checkpoint there as it was. The card is rendered first, so that a problem with it writes
     nothing. `card`: what else the card shows, as `render_model_card` takes it (metrics, dataset, ...)."""
     from cdnpg.data import save_tokenizer
-    from modeling_cdnpg.modeling_cdnpg import staged_directory
 
     target = Path(output_dir)
     readme = render_model_card(model, model_id or target.name, **card)
     with staged_directory(target) as folder:
-        model.save_pretrained(folder)  # `folder` is new or empty: the model's own save writes in place, not staged
+        model.save_pretrained(folder)
         save_tokenizer(tokenizer, folder)
         (folder / "README.md").write_text(readme, encoding="utf-8")
     return target
@@ -229,4 +261,5 @@ __all__ = [
     "render_model_card",
     "resolve_model_source",
     "save_checkpoint",
+    "staged_directory",
 ]

@@ -179,7 +179,12 @@ class SourceNgramPenaltyLogitsProcessor(PerInputLogitsProcessor):
     `ngrams[i, j, :-1]`: a soft, weighted `encoder_no_repeat_ngram_size`. Where several n-grams end in the same
     token, the largest penalty applies.
 
-    ngrams (b, k, n) and penalties (b, k) are per input; padded slots have id -1 and penalty 0.
+    ngrams (b, k, n) and penalties (b, k) are per input; padded slots have id -1 and penalty 0. It works with any
+    model's `generate()` (beams and returned sequences included), e.g. 1.5 nats off every source bigram of a BART:
+
+        ngrams, weights = source_ngrams(input_ids, attention_mask, torch.zeros(input_ids.shape), special_ids)
+        penalty = SourceNgramPenaltyLogitsProcessor(ngrams, 1.5 * weights)
+        model.generate(input_ids, attention_mask=attention_mask, logits_processor=[penalty], num_beams=4)
     """
 
     def __init__(self, ngrams: torch.LongTensor, penalties: torch.Tensor):
@@ -350,6 +355,196 @@ def _pad_stack(tensors: list[torch.Tensor], value: int | float) -> torch.Tensor:
     return torch.stack([F.pad(tensor, pad, value=value) for tensor, pad in zip(tensors, padding)])
 
 
+@dataclass
+class WeighedSource:
+    """A batch of sources read for `novelty`: the encoder's states (which decoding and scoring reuse), each token's
+    detail (z of the chosen layer, per word given the tokenizer; 0 for a uniform weight), the weighted n-grams of
+    `source_ngrams`, and the ids the rules treat as special and as the end."""
+
+    input_ids: torch.LongTensor
+    attention_mask: torch.Tensor
+    states: torch.Tensor
+    detail: torch.Tensor
+    ngrams: torch.LongTensor
+    weights: torch.Tensor
+    special_ids: torch.Tensor
+    eos_ids: torch.Tensor
+    tokenizer: object = None
+    output_type: type = ModelOutput  # the encoder's, which the model's forward expects back
+
+
+def weigh_source(
+    model, input_ids, attention_mask, config, layer, inverted, tokenizer=None, token_type_ids=None
+) -> WeighedSource:
+    """Run the encoder once and weigh the source's bigrams by how template-like they are (module docstring):
+    z of encoder layer `layer` (1 - z if `inverted`); a uniform weight without granularity heads or layer."""
+    has_z = model.config.granularity_mask != "none"
+    encoded = model.get_encoder()(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+        output_granularities=has_z and layer is not None,
+        return_dict=True,
+    )
+    if not has_z:
+        warnings.warn(NO_Z, UserWarning, stacklevel=4)
+    elif layer is not None and not hasattr(config, "novelty_z_layer"):
+        warnings.warn(UNCALIBRATED, UserWarning, stacklevel=4)
+    if has_z and layer is not None:
+        z = encoded.granularities[layer]
+        detail = (1 - z if inverted else z).masked_fill(~attention_mask.bool(), 0.0)
+    else:
+        detail = torch.zeros(input_ids.shape, device=input_ids.device)
+    specials = [config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id]
+    special_ids = torch.tensor(_token_ids(*specials), device=input_ids.device)
+    starts = word_starts(tokenizer, input_ids) if tokenizer is not None else None
+    if starts is not None:
+        detail = word_detail(detail, starts)
+    ngrams, weights = source_ngrams(input_ids, attention_mask, detail, special_ids, starts)
+    eos_ids = torch.tensor(_token_ids(config.eos_token_id), device=input_ids.device)
+    return WeighedSource(
+        input_ids, attention_mask, encoded.last_hidden_state, detail, ngrams, weights, special_ids, eos_ids, tokenizer,
+        type(encoded),
+    )  # fmt: skip
+
+
+def beam_search(generate, source: WeighedSource, settings, processors, model_kwargs) -> torch.LongTensor:
+    """The model's own `generate` on the source, reusing its encoder pass, with extra logits processors."""
+    return generate(
+        source.input_ids,
+        generation_config=settings,
+        logits_processor=LogitsProcessorList(processors),
+        attention_mask=source.attention_mask,
+        encoder_outputs=source.output_type(last_hidden_state=source.states),  # new: generate() expands it in place
+        **model_kwargs,
+    )
+
+
+class CandidateSelection:
+    """Per input, the candidates chosen so far and the beams kept in reserve.
+
+    A beam is new when its content (special tokens left out) is not empty, not chosen before and, unless
+    `allow_copy`, not the source; the source with words appended ("... 2016 ? why ?", what a copy that may not end
+    turns into) is a last resort, taken only when nothing else is left.
+    """
+
+    def __init__(self, source: WeighedSource, allow_copy: bool):
+        self.source, self.allow_copy = source, allow_copy
+        self.special = set(source.special_ids.tolist())
+        self.copies = [self.content(ids[mask.bool()]) for ids, mask in zip(source.input_ids, source.attention_mask)]
+        self.chosen: list[list[torch.Tensor]] = [[] for _ in self.copies]
+        self.taken: list[set[tuple[int, ...]]] = [{()} for _ in self.copies]
+        self.reserve: list[list[torch.Tensor]] = [[] for _ in self.copies]
+        self.last_resort: list[list[torch.Tensor]] = [[] for _ in self.copies]
+
+    def content(self, ids: torch.Tensor) -> tuple[int, ...]:
+        return tuple(token for token in ids.tolist() if token not in self.special)
+
+    def verdict(self, i: int, ids: torch.Tensor) -> str | None:
+        """Whether `ids` may be a candidate of input i: "new", "last resort", or None (never)."""
+        tokens, copy_of_source = self.content(ids), self.copies[i]
+        if tokens in self.taken[i] or (not self.allow_copy and tokens == copy_of_source):
+            return None
+        if not self.allow_copy and tokens[: len(copy_of_source)] == copy_of_source:
+            return "last resort"
+        return "new"
+
+    def choose(self, i: int, ids: torch.Tensor) -> None:
+        self.chosen[i].append(ids)
+        self.taken[i].add(self.content(ids))
+
+    def penalised_ngrams(self, novelty: float) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Per input (b, k, n) and (b, k): its source's n-grams at novelty * MAX_PENALTY times their weight, and the
+        bigrams of its candidates chosen so far (`diversity_ngrams`)."""
+        source, grams, costs = self.source, [], []
+        for i, candidates in enumerate(self.chosen):
+            bag = [(source.ngrams[i], novelty * MAX_PENALTY * source.weights[i])]
+            bag += [
+                diversity_ngrams(ids, source.input_ids[i], source.detail[i], source.special_ids, source.tokenizer)
+                for ids in candidates
+            ]
+            grams.append(torch.cat([ngrams for ngrams, _ in bag]))
+            costs.append(torch.cat([penalties for _, penalties in bag]))
+        return _pad_stack(grams, -1), _pad_stack(costs, 0.0)
+
+    def offer(self, sequences: torch.LongTensor, beams: int) -> None:
+        """The beams of one search (`beams` rows per input, best first): per input, the first new one is chosen, the
+        other new ones and the last resorts are kept for `fill`."""
+        lengths = (1 + generated_mask(sequences, self.source.eos_ids).sum(-1)).tolist()
+        for i in range(len(self.chosen)):
+            found = [sequences[row, : lengths[row]] for row in range(i * beams, (i + 1) * beams)]
+            verdicts = [self.verdict(i, ids) for ids in found]
+            self.last_resort[i] += [ids for ids, verdict in zip(found, verdicts) if verdict == "last resort"]
+            new = [ids for ids, verdict in zip(found, verdicts) if verdict == "new"]
+            if new:
+                self.choose(i, new[0])
+            self.reserve[i] += new[1:]
+
+    def fill(self, wanted: int) -> list[list[torch.Tensor]]:
+        """Every input's candidates, those short of `wanted` made up from the reserve in order, then last resorts."""
+        for i, chosen in enumerate(self.chosen):
+            for ids in self.reserve[i] + self.last_resort[i]:
+                if len(chosen) < wanted and self.verdict(i, ids) is not None:
+                    self.choose(i, ids)
+        return self.chosen
+
+
+def decode_groups(
+    generate, source: WeighedSource, config, novelty, wanted, allow_copy, logits_processor, model_kwargs
+) -> list[list[torch.Tensor]]:
+    """Up to `wanted` candidates per input from `wanted` beam searches run one after another, each with
+    ceil(num_beams / wanted) beams (all of them for one candidate), penalised on the source's n-grams and on those of
+    the candidates chosen before; the best new beam of each search is chosen (`CandidateSelection`). Each group is a
+    search of its own, so `wanted` may exceed num_beams."""
+    settings = copy.deepcopy(config)
+    settings.num_beams = max(1, math.ceil(config.num_beams / wanted))
+    settings.num_return_sequences = settings.num_beams  # every beam: the later ones stand in for a repeated one
+    copy_rule = []
+    if not allow_copy:
+        copy_rule.append(
+            NoCopyLogitsProcessor(source.input_ids, source.attention_mask, source.special_ids, source.eos_ids)
+        )
+    selection = CandidateSelection(source, allow_copy)
+    for _ in range(wanted):
+        penalty = SourceNgramPenaltyLogitsProcessor(*selection.penalised_ngrams(novelty))
+        sequences = beam_search(generate, source, settings, [*logits_processor, penalty, *copy_rule], model_kwargs)
+        selection.offer(sequences, settings.num_beams)
+    return selection.fill(wanted)
+
+
+def score_candidates(model, source: WeighedSource, sequences, novelty) -> tuple[torch.Tensor, ...]:
+    """(score, log_likelihood, source_overlap) of each row of `sequences` (input-major, as many rows per input):
+    score = log_likelihood - novelty * MAX_PENALTY * source_overlap."""
+    batch = source.input_ids.shape[0]
+    rows = torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
+    likelihood = log_likelihoods(model, source.states[rows], source.attention_mask[rows], sequences, source.eos_ids)
+    overlap = source_overlaps(sequences, source.ngrams[rows], source.weights[rows], source.eos_ids)
+    return likelihood - novelty * MAX_PENALTY * overlap, likelihood, overlap
+
+
+def ranked_candidates(model, source: WeighedSource, chosen, wanted, novelty, pad_token_id, return_dict):
+    """The candidates as `wanted` rows per input, best first by their score; a row without a candidate is padding
+    with score -inf. One candidate each is returned as it is, scored only for `return_dict`."""
+    batch, device = len(chosen), source.input_ids.device
+    length = max((ids.shape[0] for candidates in chosen for ids in candidates), default=2)
+    sequences = torch.full((batch * wanted, length), pad_token_id or 0, dtype=torch.long, device=device)
+    filled = torch.zeros(batch * wanted, dtype=torch.bool, device=device)
+    for i, candidates in enumerate(chosen):
+        for slot, ids in enumerate(candidates):
+            sequences[i * wanted + slot, : ids.shape[0]] = ids
+            filled[i * wanted + slot] = True
+    if wanted == 1 and not return_dict:
+        return sequences
+    score, likelihood, overlap = score_candidates(model, source, sequences, novelty)
+    score, likelihood = score.masked_fill(~filled, -math.inf), likelihood.masked_fill(~filled, -math.inf)
+    best_first = score.view(batch, wanted).argsort(dim=-1, descending=True, stable=True)
+    order = (best_first + torch.arange(batch, device=device)[:, None] * wanted).flatten()
+    if not return_dict:
+        return sequences[order]
+    overlap = overlap.masked_fill(~filled, math.nan)
+    return CDNPGParaphraseOutput(sequences[order], score[order], likelihood[order], overlap[order])
+
+
 def paraphrase_generate(
     model,
     generate: Callable,
@@ -361,13 +556,16 @@ def paraphrase_generate(
     **kwargs,
 ) -> torch.LongTensor | CDNPGParaphraseOutput:
     """`generate()` with `novelty` (module docstring); `generate` is the model's standard `GenerationMixin.generate`.
-
-    Returns the candidates (batch * num_return_sequences, length), best first, or with `return_dict_in_generate=True`
+    Weighs the source (`weigh_source`), decodes the candidate groups (`decode_groups`), and returns the candidates
+    (batch * num_return_sequences, length) best first (`ranked_candidates`), or with `return_dict_in_generate=True`
     a `CDNPGParaphraseOutput` that adds their scores. `allow_copy=True` lets the source itself be a candidate.
     """
     if isinstance(novelty, bool) or not isinstance(novelty, (int, float)) or not 0 <= novelty <= 1:
         raise ValueError(f"novelty must be a number in [0, 1] (0: the model's own decoding), got {novelty!r}")
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
+    # n candidates are n searches of their own, so GenerationConfig's check of one search (n <= num_beams) must not
+    # see n: it is kept out of the config until the model's own decoding (novelty 0) needs it
+    wanted = kwargs.pop("num_return_sequences", None) or config.num_return_sequences or 1
     model_kwargs = config.update(**kwargs)
     requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
     if requested:
@@ -379,130 +577,22 @@ def paraphrase_generate(
     layer = model_kwargs.pop("novelty_z_layer", getattr(config, "novelty_z_layer", DEFAULT_LAYER))
     inverted = model_kwargs.pop("novelty_z_inverted", getattr(config, "novelty_z_inverted", False))
     logits_processor = LogitsProcessorList(logits_processor or [])
-    if novelty == 0 and not return_dict:  # the model's own decoding, untouched
-        return generate(input_ids, generation_config=config, logits_processor=logits_processor, **model_kwargs)
+    if novelty == 0:
+        config.num_return_sequences = wanted
+        if not return_dict:  # the model's own decoding, untouched
+            return generate(input_ids, generation_config=config, logits_processor=logits_processor, **model_kwargs)
 
-    device, batch = input_ids.device, input_ids.shape[0]
     attention_mask = model_kwargs.pop("attention_mask", None)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    has_z = model.config.granularity_mask != "none"
-    encoded = model.get_encoder()(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        token_type_ids=model_kwargs.pop("token_type_ids", None),
-        output_granularities=has_z and layer is not None,
-        return_dict=True,
-    )
-    if not has_z:
-        warnings.warn(NO_Z, UserWarning, stacklevel=3)
-    elif layer is not None and not hasattr(config, "novelty_z_layer"):
-        warnings.warn(UNCALIBRATED, UserWarning, stacklevel=3)
-    if has_z and layer is not None:
-        z = encoded.granularities[layer]
-        detail = (1 - z if inverted else z).masked_fill(~attention_mask.bool(), 0.0)
-    else:
-        detail = torch.zeros(input_ids.shape, device=device)
-    states = encoded.last_hidden_state
-    specials = [config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id]
-    special_ids = torch.tensor(_token_ids(*specials), device=device)
-    eos_ids = torch.tensor(_token_ids(config.eos_token_id), device=device)
-    special = set(special_ids.tolist())
-    # generate()'s own `tokenizer` argument (for stop strings); here it also tells where words start
-    tokenizer = model_kwargs.get("tokenizer")
-    starts = word_starts(tokenizer, input_ids) if tokenizer is not None else None
-    if starts is not None:
-        detail = word_detail(detail, starts)
-    ngrams, weights = source_ngrams(input_ids, attention_mask, detail, special_ids, starts)
-
-    def decode(settings: GenerationConfig, processors: list[LogitsProcessor]) -> torch.LongTensor:
-        return generate(
-            input_ids,
-            generation_config=settings,
-            logits_processor=LogitsProcessorList([*logits_processor, *processors]),
-            attention_mask=attention_mask,
-            encoder_outputs=type(encoded)(last_hidden_state=states),  # a new one: generate() expands it in place
-            **model_kwargs,
-        )
-
-    def scores(sequences: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Score, log-likelihood and source overlap of each row (rows input-major)."""
-        rows = torch.arange(batch, device=device).repeat_interleave(sequences.shape[0] // batch)
-        likelihood = log_likelihoods(model, states[rows], attention_mask[rows], sequences, eos_ids)
-        overlap = source_overlaps(sequences, ngrams[rows], weights[rows], eos_ids)
-        return likelihood - novelty * MAX_PENALTY * overlap, likelihood, overlap
-
+    tokenizer = model_kwargs.get("tokenizer")  # generate()'s own (for stop strings); it also tells where words start
+    token_type_ids = model_kwargs.pop("token_type_ids", None)
+    source = weigh_source(model, input_ids, attention_mask, config, layer, inverted, tokenizer, token_type_ids)
     if novelty == 0:  # the model's own sequences, in their order, with their scores
-        sequences = decode(config, [])
-        return CDNPGParaphraseOutput(sequences, *scores(sequences))
-
-    def content(ids: torch.Tensor) -> tuple[int, ...]:
-        return tuple(token for token in ids.tolist() if token not in special)
-
-    wanted = config.num_return_sequences or 1
-    groups = 1 if wanted == 1 else wanted
-    settings = copy.deepcopy(config)
-    settings.num_beams = config.num_beams if groups == 1 else max(1, math.ceil(config.num_beams / groups))
-    settings.num_return_sequences = settings.num_beams  # every beam: the later ones stand in for a repeated one
-    copy_rule = [] if allow_copy else [NoCopyLogitsProcessor(input_ids, attention_mask, special_ids, eos_ids)]
-    # never an empty candidate, one already chosen or, unless allowed, the source; the source with words appended
-    # (what a copy that may not end turns into: "... 2016 ? why ?") only when there is nothing else
-    copied = [content(ids[mask.bool()]) for ids, mask in zip(input_ids, attention_mask)]
-    taken: list[set[tuple[int, ...]]] = [{()} for _ in range(batch)]
-
-    def rank(i: int, ids: torch.Tensor) -> int | None:
-        """0: a candidate; 1: a last resort (the source with words appended); None: never."""
-        tokens = content(ids)
-        if tokens in taken[i] or (not allow_copy and tokens == copied[i]):
-            return None
-        return 1 if not allow_copy and tokens[: len(copied[i])] == copied[i] else 0
-
-    chosen: list[list[torch.Tensor]] = [[] for _ in range(batch)]
-    spare: list[list[torch.Tensor]] = [[] for _ in range(batch)]
-    last_resort: list[list[torch.Tensor]] = [[] for _ in range(batch)]
-    for _ in range(groups):
-        bags = []  # per input: its source's n-grams, and those of the candidates chosen so far
-        for i in range(batch):
-            bag = [(ngrams[i], novelty * MAX_PENALTY * weights[i])]
-            bag += [diversity_ngrams(ids, input_ids[i], detail[i], special_ids, tokenizer) for ids in chosen[i]]
-            bags.append((torch.cat([grams for grams, _ in bag]), torch.cat([costs for _, costs in bag])))
-        penalty = SourceNgramPenaltyLogitsProcessor(
-            _pad_stack([grams for grams, _ in bags], -1), _pad_stack([costs for _, costs in bags], 0.0)
-        )
-        sequences = decode(settings, [penalty, *copy_rule])
-        lengths = (1 + generated_mask(sequences, eos_ids).sum(-1)).tolist()
-        beams = settings.num_return_sequences
-        for i in range(batch):  # the input's beams, best first (by beam score), cut after their end token
-            fresh = [sequences[row, : lengths[row]] for row in range(i * beams, (i + 1) * beams)]
-            last_resort[i] += [ids for ids in fresh if rank(i, ids) == 1]
-            fresh = [ids for ids in fresh if rank(i, ids) == 0]
-            if fresh:
-                chosen[i].append(fresh[0])
-                taken[i].add(content(fresh[0]))
-            spare[i] += fresh[1:]
-    for i in range(batch):  # a group that found nothing new: the other beams, in order, then the last resorts
-        for ids in spare[i] + last_resort[i]:
-            if len(chosen[i]) < wanted and rank(i, ids) is not None:
-                chosen[i].append(ids)
-                taken[i].add(content(ids))
-
-    length = max((ids.shape[0] for candidates in chosen for ids in candidates), default=2)
-    sequences = torch.full((batch * wanted, length), config.pad_token_id or 0, dtype=torch.long, device=device)
-    filled = torch.zeros(batch * wanted, dtype=torch.bool, device=device)
-    for i, candidates in enumerate(chosen):
-        for rank, ids in enumerate(candidates):
-            sequences[i * wanted + rank, : ids.shape[0]] = ids
-            filled[i * wanted + rank] = True
-    if wanted == 1 and not return_dict:  # one candidate each: nothing to rank
-        return sequences
-    score, likelihood, overlap = scores(sequences)
-    score, likelihood = score.masked_fill(~filled, -math.inf), likelihood.masked_fill(~filled, -math.inf)
-    rank = score.view(batch, wanted).argsort(dim=-1, descending=True, stable=True)
-    order = (rank + torch.arange(batch, device=device)[:, None] * wanted).flatten()
-    if not return_dict:
-        return sequences[order]
-    overlap = overlap.masked_fill(~filled, math.nan)
-    return CDNPGParaphraseOutput(sequences[order], score[order], likelihood[order], overlap[order])
+        sequences = beam_search(generate, source, config, logits_processor, model_kwargs)
+        return CDNPGParaphraseOutput(sequences, *score_candidates(model, source, sequences, novelty))
+    chosen = decode_groups(generate, source, config, novelty, wanted, allow_copy, logits_processor, model_kwargs)
+    return ranked_candidates(model, source, chosen, wanted, novelty, config.pad_token_id, return_dict)
 
 
 def diversity_ngrams(

@@ -24,18 +24,13 @@ Deliberate differences from the released code, each covered by a test:
 
 Shape legend: b batch, h heads, i query positions, j key positions, d model width.
 Supported: transformers 4.57.x and 5.x. This file is copied into every saved checkpoint (remote code), so it imports
-only torch, transformers and its sibling configuration file.
+only torch, transformers (and safetensors, which transformers requires) and its sibling configuration file.
 """
 
 import functools
 import math
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -591,34 +586,6 @@ class CDNPGModelKwargs(TransformersKwargs, total=False):
 # ------------------------------------------------------------------------------------------------------------------
 
 
-@contextmanager
-def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
-    """The folder to write a checkpoint into, such that a failure never leaves an earlier checkpoint half-overwritten.
-
-    transformers writes in place. A new or empty `target` has nothing to lose and is written directly; an existing
-    checkpoint is written to a temporary sibling folder whose files are moved in at the end (and weight shards of
-    the earlier layout that the new save did not write are removed).
-    """
-    target = Path(target)
-    if target.is_file():
-        raise ValueError(f"save_directory {str(target)!r} is a file, not a folder")
-    if not target.is_dir() or not any(target.iterdir()):
-        target.mkdir(parents=True, exist_ok=True)
-        yield target
-        return
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
-    try:
-        yield staging
-        written = {path.name for path in staging.iterdir()}
-        for path in staging.iterdir():
-            os.replace(path, target / path.name)
-        for stale in [*target.glob("model*.safetensors*"), *target.glob("pytorch_model*.bin*")]:
-            if stale.name not in written:
-                stale.unlink()
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 class CDNPGPreTrainedModel(PreTrainedModel):
     config_class = CDNPGConfig
     base_model_prefix = "model"
@@ -632,19 +599,6 @@ class CDNPGPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _can_compile_fullgraph = True
 
-    def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs) -> None:
-        """`PreTrainedModel.save_pretrained` (weights, config, generation config, and the remote code with its
-        `auto_map`), made atomic by `staged_directory`: a save that fails half-way leaves an earlier checkpoint in
-        `save_directory` as it was."""
-        if not kwargs.get("is_main_process", True):  # other ranks of a distributed run write nothing: no staging,
-            super().save_pretrained(save_directory, *args, **kwargs)  # whose clean-up would remove rank 0's files
-            return
-        with staged_directory(save_directory) as staging:
-            super().save_pretrained(staging, *args, **kwargs)
-        if push_to_hub:  # from the final folder, not the staging one, whose name would become the repo id
-            hub_kwargs = {key: kwargs[key] for key in ("commit_message", "private", "token") if key in kwargs}
-            self.push_to_hub(kwargs.get("repo_id", Path(save_directory).name), **hub_kwargs)
-
     def set_attn_implementation(self, attn_implementation: str | dict, *args, **kwargs) -> None:
         """`PreTrainedModel.set_attn_implementation`, refusing backends that would drop the granularity term with
         the reason (transformers' own refusal says only that they are not supported "yet")."""
@@ -656,7 +610,9 @@ class CDNPGPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """`PreTrainedModel.from_pretrained`; a truncated or corrupt weights file is reported by name."""
+        """`PreTrainedModel.from_pretrained`; a truncated or corrupt weights file is reported by name. It stays in the
+        remote code because every loader of a checkpoint passes here (Auto classes, pipeline, CLI), and transformers'
+        own SafetensorError names no file."""
         try:
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except SafetensorError as error:
@@ -1051,6 +1007,8 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         return attention_mask
 
     # --- granularity-aware paraphrasing: the rule, the candidates and their ranking live in generation_cdnpg.py ---
+    # An override, not transformers' `custom_generate`: that attaches only to a model loaded from a checkpoint folder
+    # (5.x: with trust_remote_code) or to calls naming the repository, so a model built from its config would lose it.
     def generate(self, *args, novelty: float | None = None, allow_copy: bool = False, **kwargs):
         """`GenerationMixin.generate`, or with `novelty` in [0, 1] (default: the generation config's `novelty`, if
         any) granularity-aware paraphrasing: source bigrams penalised by how template-like they are (1 - z),

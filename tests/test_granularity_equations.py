@@ -65,18 +65,22 @@ def test_scope_mask_is_finite_and_open_for_sentences_shorter_than_epsilon(length
     assert torch.isfinite(z.grad).all()
 
 
-def test_granularity_mask_combinations():
-    z_query, z_key = torch.rand(2, 5), torch.rand(2, 5)
-    length = torch.full((2, 5), 5.0)
-    distance = (torch.arange(5.0)[:, None] - torch.arange(5.0)[None, :]).abs()
-    z_i, z_j, n_i = z_query[:, :, None], z_key[:, None, :], length[:, :, None]
-    resonance = resonance_mask(z_i, z_j)
-    scope = scope_mask(z_i, n_i, distance, 2.0)
-    args = (z_i, z_j, n_i, distance, 2.0)
-    assert torch.equal(granularity_mask("resonance", *args), resonance)
-    assert torch.equal(granularity_mask("scope", *args), scope)
-    assert torch.equal(granularity_mask("product", *args), resonance * scope)
-    assert torch.equal(granularity_mask("mean", *args), (resonance + scope) / 2)
+def test_product_and_mean_combine_hand_computed_resonance_and_scope():
+    # one query, z_i = 0.2, N = 10, eps = 2, against keys z_j = 0.3, 0.1, 0.9 at distances 0, 7, 8
+    # C: (0.2, 0.3) 0.8 * 0.5 + 0.2 * 1 = 0.6; (0.2, 0.1) 0.8 * 0.7 + 0.2 * 0.9 = 0.74; (0.2, 0.9) 0 + 0.2 * 1 = 0.2
+    # S: width (10 - 2) ** 0.8 + 2 = 7.278: 1 at distance 0, 0.278 at 7, 0 at 8
+    z_i, z_j = torch.tensor([[[0.2]]]), torch.tensor([[[0.3, 0.1, 0.9]]])
+    n_i, distance = torch.full((1, 1, 1), 10.0), torch.tensor([[0.0, 7.0, 8.0]])
+    resonance, scope = [0.6, 0.74, 0.2], [1.0, 8**0.8 + 2 - 7, 0.0]
+    expected = {
+        "resonance": resonance,
+        "scope": scope,
+        "product": [c * s for c, s in zip(resonance, scope)],  # 0.6, 0.206, 0
+        "mean": [(c + s) / 2 for c, s in zip(resonance, scope)],  # 0.8, 0.509, 0.1
+    }
+    for kind, values in expected.items():
+        mask = granularity_mask(kind, z_i, z_j, n_i, distance, 2.0)
+        torch.testing.assert_close(mask[0, 0], torch.tensor(values), msg=kind)
 
 
 def reference_self_attention(module: CDNPGAttention, hidden: torch.Tensor, kind: str, multiply: bool) -> torch.Tensor:

@@ -330,7 +330,7 @@ def test_failed_save_leaves_the_existing_checkpoint_intact(model, tokenizer, tmp
         mock.patch("transformers.modeling_utils.safe_save_file", side_effect=OSError("disk full")),
         pytest.raises(OSError, match="disk full"),
     ):
-        other.save_pretrained(target)
+        save_checkpoint(other, tokenizer, target)
     with (
         mock.patch("cdnpg.data.save_tokenizer", side_effect=OSError("disk full")),
         pytest.raises(OSError, match="disk full"),

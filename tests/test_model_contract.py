@@ -68,15 +68,6 @@ def test_loading_report_lists_every_missing_weight(model_class, tmp_path):
     }
 
 
-def test_a_non_main_process_save_leaves_the_checkpoint_alone(tmp_path):
-    """Trainer calls save_pretrained on every rank with is_main_process=False on all but rank 0: those calls must not
-    stage, and so must not clean up weight files that rank 0 wrote."""
-    tiny_model().save_pretrained(tmp_path)
-    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
-    tiny_model(seed=1).save_pretrained(tmp_path, is_main_process=False)
-    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
-
-
 def test_config_output_flags_are_honoured_and_arguments_override_them():
     model = tiny_model(output_attentions=True, output_hidden_states=True)
     input_ids, attention_mask = batch()
@@ -318,9 +309,16 @@ def test_sentence_pair_token_type_ids_are_refused_naming_the_field():
         model(input_ids, attention_mask, decoder_input_ids=input_ids, token_type_ids=token_type_ids)
 
 
-def test_generate_defaults_to_the_papers_beam_search():
-    config = tiny_model().generation_config
-    assert (config.num_beams, config.max_new_tokens) == (8, 20)
+def test_generate_without_arguments_is_the_papers_beam_search_also_after_a_reload(tmp_path):
+    """What README promises: no arguments decode as num_beams=8, max_new_tokens=20, and the checkpoint keeps it."""
+    model = tiny_model()
+    input_ids, attention_mask = batch()
+    paper = model.generate(input_ids, attention_mask=attention_mask, num_beams=8, max_new_tokens=20)
+    model.save_pretrained(tmp_path)
+    reloaded = CDNPGForConditionalGeneration.from_pretrained(tmp_path)
+    for decoder in (model, reloaded):
+        assert torch.equal(decoder.generate(input_ids, attention_mask=attention_mask), paper)
+    assert not torch.equal(model.generate(input_ids, attention_mask=attention_mask, num_beams=1), paper)
 
 
 # ---- the same behaviours in a fresh process through the checkpoint's own code (trust_remote_code), on transformers

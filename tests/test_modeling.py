@@ -268,10 +268,12 @@ def test_generate_greedy_beam_sampling_and_multiple_returns(kind):
     assert (greedy[:, 0] == BOS).all()
 
 
-def test_greedy_generate_with_cache_equals_without_cache():
-    model = tiny_model(granularity_mask="product")
+@pytest.mark.parametrize("num_beams", [1, 4], ids=["greedy", "beam search"])
+@pytest.mark.parametrize("kind", MASKS)
+def test_generate_with_cache_equals_without_cache(kind, num_beams):
+    model = tiny_model(granularity_mask=kind)
     input_ids, attention_mask = batch()
-    kwargs = dict(attention_mask=attention_mask, max_new_tokens=8, num_beams=4)
+    kwargs = dict(attention_mask=attention_mask, max_new_tokens=8, num_beams=num_beams)
     assert torch.equal(
         model.generate(input_ids, use_cache=True, **kwargs), model.generate(input_ids, use_cache=False, **kwargs)
     )
@@ -342,9 +344,11 @@ def test_over_long_input_is_refused_with_a_clear_error():
         model(torch.ones(1, 65, dtype=torch.long), decoder_input_ids=torch.tensor([[BOS]]))
 
 
-def test_paper_defaults():
-    config = CDNPGConfig()
-    assert (config.encoder_layers, config.decoder_layers, config.d_model) == (3, 3, 450)
-    assert (config.encoder_attention_heads, config.encoder_ffn_dim, config.scope_epsilon) == (9, 1024, 2.0)
-    assert config.granularity_mask == "resonance" and config.granularity_mask_mode == "log_bias"
-    assert config.is_encoder_decoder and config.tie_word_embeddings and config.use_cache
+def test_the_default_config_is_the_papers_model_of_27_057_903_parameters():
+    # d 450, FFN 1024, 3 + 3 layers, vocabulary 30522 (one embedding shared by both stacks and the LM head), 512
+    # learned positions per stack. Attention 4 * (450 * 450 + 450) = 811,800; W_G 451; LayerNorm 900; FFN
+    # 450 * 1024 + 1024 + 1024 * 450 + 450 = 923,074. Encoder layer: attention, W_G, FFN, 2 LayerNorms = 1,737,125;
+    # decoder layer: + cross-attention, its W_G and LayerNorm = 2,550,276. 30522 * 450 + 2 * 512 * 450
+    # + 3 * 1,737,125 + 3 * 2,550,276 = 27,057,903 (docs/speed.md).
+    model = CDNPGForConditionalGeneration(CDNPGConfig())
+    assert model.num_parameters() == 27_057_903

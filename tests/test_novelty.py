@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration, LogitsProcessor
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from cdnpg.cli import main
@@ -158,6 +158,38 @@ def test_penalty_applies_per_input_to_every_beam_row_and_takes_the_largest_of_ma
     assert twice(torch.tensor([[BOS, 5]]), torch.zeros(1, 10))[0, 6] == -4.0
 
 
+class CopyBias(LogitsProcessor):
+    """Pushes a model to copy one source: +20 on the token that follows the hypothesis' last token in `source`."""
+
+    def __init__(self, source: list[int]):
+        self.next = dict(itertools.pairwise([BOS, *source]))
+
+    def __call__(self, input_ids, scores):
+        for row, last in enumerate(input_ids[:, -1].tolist()):
+            if last in self.next:
+                scores[row, self.next[last]] += 20.0
+        return scores
+
+
+def test_the_penalty_alone_keeps_every_source_bigram_out_of_another_models_beam_search():
+    """Standalone, as its docstring shows: transformers' own BART (pushed to copy), 4 beams, 2 returned sequences."""
+    config = BartConfig(vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+                        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, decoder_start_token_id=BOS,
+                        forced_eos_token_id=None)  # fmt: skip
+    torch.manual_seed(0)
+    bart = BartForConditionalGeneration(config).eval()
+    ids, mask = sources([5, 6, 7, 8])
+    settings = dict(attention_mask=mask, num_beams=4, num_return_sequences=2, max_new_tokens=6, min_new_tokens=6)
+    copied = bart.generate(ids, logits_processor=[CopyBias([5, 6, 7, 8])], **settings)
+    assert all(content(row)[:4] == [5, 6, 7, 8] for row in copied)
+    ngrams, weights = source_ngrams(ids, mask, torch.zeros(ids.shape), SPECIALS)
+    penalty = SourceNgramPenaltyLogitsProcessor(ngrams, 1e4 * weights)
+    penalised = bart.generate(ids, logits_processor=[CopyBias([5, 6, 7, 8]), penalty], **settings)
+    source = bigrams([BOS, 5, 6, 7, 8])
+    assert all(not bigrams([BOS, *content(row)]) & source for row in penalised)
+
+
 def test_no_copy_rule_forbids_ending_only_an_exact_copy():
     ids, mask = sources([5, 6], [7])
     processor = NoCopyLogitsProcessor(ids, mask, SPECIALS, torch.tensor([EOS]))
@@ -244,6 +276,22 @@ def test_candidates_are_distinct_never_the_input_and_ranked_by_their_returned_sc
         expected = out.log_likelihoods[rows] - 0.5 * MAX_PENALTY * out.source_overlaps[rows]
         torch.testing.assert_close(scores, expected)
         assert ((out.source_overlaps[rows] >= 0) & (out.source_overlaps[rows] <= 1)).all()
+
+
+def test_more_candidates_than_beams_come_from_as_many_searches_each_with_at_least_one_beam():
+    """Each candidate group is a beam search of its own: 5 candidates with 2 beams is 5 one-beam searches, not a
+    single search asked for more sequences than it has beams (which transformers refuses)."""
+    model = Copier(detail={8})
+    ids, mask = sources([5, 6, 8, 9])
+    out = model.generate(
+        ids, attention_mask=mask, num_beams=2, max_new_tokens=8, novelty=1.0, num_return_sequences=5,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert out.sequences.shape[0] == 5
+    filled = out.sequences_scores > -math.inf
+    texts = [tuple(content(row)) for row, full in zip(out.sequences, filled) if full]
+    assert len(texts) == len(set(texts)) >= 2 and (5, 6, 8, 9) not in texts
+    assert (out.sequences_scores[:-1] >= out.sequences_scores[1:]).all(), "best first"
 
 
 def test_log_likelihood_is_the_models_own_mean_token_log_probability():
@@ -379,6 +427,20 @@ def test_pipeline_returns_ranked_candidates_with_their_scores(checkpoint):
     assert [set(c) for c in plain] == [{"generated_text"}]
 
 
+@pytest.mark.parametrize("num_beams", [2, 4])
+def test_pipeline_gives_more_novelty_candidates_than_beams(checkpoint, num_beams):
+    paraphraser = CDNPGText2TextPipeline(
+        model=CDNPGForConditionalGeneration.from_pretrained(checkpoint),
+        tokenizer=AutoTokenizer.from_pretrained(checkpoint),
+        device="cpu",
+    )
+    candidates = paraphraser(SENTENCE, novelty=0.5, num_return_sequences=5, num_beams=num_beams, max_new_tokens=8)
+    assert 2 <= len(candidates) <= 5
+    assert len({c["generated_text"] for c in candidates}) == len(candidates)
+    scores = [c["score"] for c in candidates]
+    assert scores == sorted(scores, reverse=True)
+
+
 @pytest.mark.parametrize("text", ["", "   ", "\t\n", "北京欢迎你"])
 def test_pipeline_gives_nothing_readable_no_paraphrase_and_warns(checkpoint, text, caplog):
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -449,6 +511,14 @@ def test_cli_novelty_prints_distinct_candidates_with_their_scores_best_first(che
     assert tokenizer.decode(tokenizer(SENTENCE)["input_ids"], skip_special_tokens=True) not in texts
     assert scores == sorted(scores, reverse=True)
     assert empty == "" and "warning: input 2 is empty: no paraphrase" in result.stderr
+
+
+def test_cli_novelty_gives_more_candidates_than_beams(checkpoint):
+    result = run_cli("paraphrase", "--model", str(checkpoint), "--novelty", "0.5", "-n", "5", "--num-beams", "2",
+                     "--max-new-tokens", "8", SENTENCE)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    texts = result.stdout.rstrip("\n").split("\t")[0::2]
+    assert 2 <= len(texts) <= 5 and len(set(texts)) == len(texts)
 
 
 def test_cli_prints_what_the_pipeline_returns(checkpoint):

@@ -1,0 +1,50 @@
+"""What the benchmark scripts share: the machine they ran on, results written atomically, markdown tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+import transformers
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what `platform` knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info() -> dict:
+    """Software versions, CPU, cores, torch threads, GPU (if any) and the load average when called."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+
+
+def write_json(results: dict, path: Path) -> None:
+    """`results` as JSON at `path`, replaced atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table, the first column left-aligned and the others right-aligned."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---", *["---:"] * (len(header) - 1)]) + "|"]
+    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
