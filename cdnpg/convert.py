@@ -119,7 +119,9 @@ def from_bert(bert: BertModel, cls_token_id: int, sep_token_id: int, **overrides
         "output.dense": "fc2",
         "output.LayerNorm": "final_layer_norm",
     }
-    state = {"model.shared.weight": weights["embeddings.word_embeddings.weight"]}
+    # every embedding from BERT's, also where `tie_word_embeddings=False` gives each its own copy
+    word_embeddings = ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens", "lm_head")
+    state = {f"{name}.weight": weights["embeddings.word_embeddings.weight"] for name in word_embeddings}
     for stack in ("encoder", "decoder"):
         state.update({f"model.{stack}.{name}": tensor for name, tensor in embeddings.items()})
         for index in range(source.num_hidden_layers):

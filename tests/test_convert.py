@@ -379,3 +379,17 @@ def test_checkpoints_saved_before_the_warm_start_fields_load_unchanged():
     bart = tiny_bart()
     bart.config.activation_dropout = 0.05
     assert from_bart(bart).config.activation_dropout == 0.05
+
+
+def test_untied_embeddings_all_start_from_berts_word_embeddings():
+    bert = tiny_bert()
+    model = from_bert(bert, CLS, SEP, granularity_mask="none", tie_word_embeddings=False)
+    words = bert.embeddings.word_embeddings.weight
+    embeddings = [
+        model.model.shared,
+        model.model.encoder.embed_tokens,
+        model.model.decoder.embed_tokens,
+        model.lm_head,
+    ]
+    assert len({id(module.weight) for module in embeddings}) == 4
+    assert all(torch.equal(module.weight, words) for module in embeddings)
