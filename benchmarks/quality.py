@@ -27,6 +27,10 @@ sacreBLEU, self-BLEU-4). Model flags left out are the paper's (CDNPGConfig's def
   embeddings, `scale_embedding=False`; BART additionally has `layernorm_embedding` and `final_logits_bias`), trained
   in this process by run.py's own pipeline (`cdnpg.training.train_and_score`), so data, tokenization, training,
   decoding and scoring are identical;
+- with a BERT-family `--init_from`, transformers' bert2bert (`EncoderDecoderModel.from_encoder_decoder_pretrained`
+  of the same checkpoint as encoder and decoder, Rothe et al. 2020), trained in this process by run.py's pipeline with
+  the warm-started models' recipe (learning rate, tokenizer), as BART is: the baseline every warm-start figure is
+  read against (`--no_bert2bert` skips it);
 - "copy-source", the trivial baseline that outputs its input: a high BLEU-4 on Quora, and a low true iBLEU.
 
 Data: by default the shared Quora pairs (../shared/data/quora): train.jsonl for training, and the paper's 4,000-pair
@@ -72,6 +76,7 @@ from configuration_cdnpg import GRANULARITY_MASKS, CDNPGConfig
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 BART, COPY = "bart", "copy-source"
+BERT2BERT = "bert2bert"  # transformers' EncoderDecoderModel warm-started from --init_from (a BERT-family encoder)
 # Gu et al. 2022, Table 2, Quora: ("iBLEU" as the released code computes it, i.e. `ibleu_paper`; BLEU-4).
 # Trained on 100K pairs, the paper's model size, 5,000 warm-up steps; the test set is not the one used here.
 PAPER_QUORA = {"none": (21.14, 26.88), "resonance": (26.94, 34.05)}
@@ -90,6 +95,7 @@ ROW_NAMES = {
     "product": "C-DNPG product (R·S)",
     "mean": "C-DNPG mean ((R+S)/2)",
     BART: "BART (transformers, same size)",
+    BERT2BERT: "bert2bert (transformers EncoderDecoderModel)",
     COPY: "copy the source",
     **{f"{WARM}{mask}": f"warm start, {mask}" for mask in GRANULARITY_MASKS},
 }
@@ -143,6 +149,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--init_from",
         help="a BART or BERT-family checkpoint (folder or Hub id) to warm-start the --warm_variants models from",
+    )
+    parser.add_argument(
+        "--no_bert2bert",
+        action="store_true",
+        help="skip transformers' bert2bert baseline (trained with a BERT-family --init_from)",
     )
     parser.add_argument(
         "--warm_variants", nargs="+", default=["none", "resonance"], choices=GRANULARITY_MASKS,
@@ -343,6 +354,27 @@ def train_bart(argv: list[str], metric) -> dict[str, float]:
     return training.train_and_score(trainer, corpus, features, metric, data_args.max_target_length)
 
 
+def bert2bert(checkpoint: str, tokenizer) -> transformers.EncoderDecoderModel:
+    """transformers' bert2bert: the checkpoint as encoder and as decoder (new cross-attention and prediction head),
+    decoding from [CLS] to [SEP] as a warm-started C-DNPG does."""
+    model = transformers.EncoderDecoderModel.from_encoder_decoder_pretrained(checkpoint, checkpoint)
+    cls, sep, pad = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id
+    model.config.decoder_start_token_id, model.config.bos_token_id = cls, cls
+    model.config.eos_token_id, model.config.pad_token_id = sep, pad
+    return model
+
+
+def train_bert2bert(argv: list[str], metric) -> dict[str, float]:
+    """bert2bert from --init_from through run.py's pipeline, in this process, as `train_bart`; only the model
+    differs from the warm-started C-DNPG runs."""
+    model_args, data_args, training_args = training.parse_args(argv)
+    set_seed(training_args.seed)
+    corpus, tokenizer, features = training.prepare_data(model_args, data_args, training_args)
+    model = bert2bert(model_args.init_from, tokenizer)
+    trainer = training.make_trainer(model, tokenizer, features, training_args, data_args.max_target_length)
+    return training.train_and_score(trainer, corpus, features, metric, data_args.max_target_length)
+
+
 def score_extra(run_dir: Path, argv: list[str], pairs: datasets.Dataset, metric, name: str) -> dict[str, float]:
     """The selected model of a run decoded on another test set exactly as on the test split (run.py's tokenizer,
     lengths and beam search), scored, and its predictions written beside the run's."""
@@ -426,7 +458,7 @@ def previous_runs(path: Path, config: dict) -> dict:
     if not path.is_file():
         return {}
     previous = json.loads(path.read_text())
-    ignored = {"seeds", "variants", "warm_variants", "no_bart", "report_only"}
+    ignored = {"seeds", "variants", "warm_variants", "no_bart", "no_bert2bert", "report_only"}
     same = {k: v for k, v in previous.get("config", {}).items() if k not in ignored}
     if same != {k: v for k, v in config.items() if k not in ignored}:
         return {}
@@ -440,6 +472,7 @@ def merge_runs(results: dict, other: dict, where: str) -> None:
         "variants",
         "warm_variants",
         "no_bart",
+        "no_bert2bert",
         "report_only",
         "merge",
         "output_dir",
@@ -506,7 +539,10 @@ def plot(results: dict, path: str) -> None:
     names = list(results["models"])
     panels = (("ibleu", "true iBLEU (α = 0.8, vs source)"), ("bleu4", "BLEU-4"), ("copy_rate", "exact copies (%)"))
     figure, axes = plt.subplots(1, len(panels), figsize=(15, 4.2), layout="constrained")
-    colors = ["C7" if name == COPY else "C1" if name.startswith(WARM) else "C0" for name in names]
+    colors = [
+        "C7" if name == COPY else "C1" if name.startswith(WARM) else "C2" if name == BERT2BERT else "C0"
+        for name in names
+    ]
     for axis, (key, title) in zip(axes, panels):
         means = [results["models"][n]["summary"][key]["mean"] for n in names]
         stds = [results["models"][n]["summary"][key]["std"] for n in names]
@@ -563,14 +599,16 @@ def resolved_setup(args: argparse.Namespace, files: dict[str, Path], tokenizer_d
 
 
 def model_argv(name: str, args: argparse.Namespace, argv: list[str]) -> list[str]:
-    """The run.py flags of one model: the shared recipe, warm-started for the "warm-" ones."""
-    return warm_argv(args, argv) if name.startswith(WARM) else argv
+    """The run.py flags of one model: the shared recipe, warm-started for the "warm-" ones and bert2bert."""
+    return warm_argv(args, argv) if name.startswith(WARM) or name == BERT2BERT else argv
 
 
 def train(name: str, seed: int, args: argparse.Namespace, argv: list[str], out_dir: Path, metric) -> dict[str, float]:
     """One model's run: BART in this process, a C-DNPG variant (warm-started or not) through training/run.py."""
     if name == BART:
         return train_bart(argv, metric)
+    if name == BERT2BERT:
+        return train_bert2bert(argv, metric)
     return train_cdnpg(name.removeprefix(WARM), argv, out_dir / f"{name}-seed{seed}.log", args.threads)
 
 
@@ -622,6 +660,12 @@ def main(argv: list[str] | None = None) -> dict:
     record(results, COPY, 0, copy_source(test_pairs, metric, out_dir / COPY), {}, 0.0, copy_extra)
     write_json(results, results_path)
     warm = [f"{WARM}{mask}" for mask in args.warm_variants] if args.init_from else []
+    if (
+        args.init_from
+        and not args.no_bert2bert
+        and transformers.AutoConfig.from_pretrained(args.init_from).model_type == "bert"
+    ):
+        warm.append(BERT2BERT)
     models = [*warm, *args.variants, *([] if args.no_bart else [BART])]
     for seed in args.seeds:
         for name in models:

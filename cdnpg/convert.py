@@ -60,7 +60,11 @@ def from_bart(bart: BartForConditionalGeneration, **overrides) -> CDNPGForCondit
     if not torch.equal(bart.final_logits_bias, torch.zeros_like(bart.final_logits_bias)):
         raise ValueError("this BART checkpoint has a non-zero final_logits_bias, which C-DNPG's LM head does not have")
     fields = {ours: getattr(source, theirs) for ours, theirs in BART_FIELDS.items()}
-    fields.update(position_offset=bart.model.encoder.embed_positions.offset, layernorm_embedding=True)
+    fields.update(
+        position_offset=bart.model.encoder.embed_positions.offset,
+        layernorm_embedding=True,
+        activation_dropout=source.activation_dropout,  # BART's own, not `dropout` (training only: eval is exact)
+    )
     config = CDNPGConfig(**{**fields, **overrides})
     state = {name: tensor for name, tensor in bart.state_dict().items() if name != "final_logits_bias"}
     return _load_pretrained(CDNPGForConditionalGeneration(config), state)
@@ -86,6 +90,8 @@ def from_bert(bert: BertModel, cls_token_id: int, sep_token_id: int, **overrides
         activation_function=source.hidden_act,
         dropout=source.hidden_dropout_prob,
         attention_dropout=source.attention_probs_dropout_prob,
+        activation_dropout=0.0,  # BERT has no dropout after the feed-forward activation
+        lm_head_transform=True,  # BERT's prediction head, as bert2bert has it: see docs/warm_start.md
         max_position_embeddings=source.max_position_embeddings,
         layernorm_embedding=True,
         layer_norm_eps=source.layer_norm_eps,
@@ -113,7 +119,9 @@ def from_bert(bert: BertModel, cls_token_id: int, sep_token_id: int, **overrides
         "output.dense": "fc2",
         "output.LayerNorm": "final_layer_norm",
     }
-    state = {"model.shared.weight": weights["embeddings.word_embeddings.weight"]}
+    # every embedding from BERT's, also where `tie_word_embeddings=False` gives each its own copy
+    word_embeddings = ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens", "lm_head")
+    state = {f"{name}.weight": weights["embeddings.word_embeddings.weight"] for name in word_embeddings}
     for stack in ("encoder", "decoder"):
         state.update({f"model.{stack}.{name}": tensor for name, tensor in embeddings.items()})
         for index in range(source.num_hidden_layers):
@@ -126,12 +134,12 @@ def from_bert(bert: BertModel, cls_token_id: int, sep_token_id: int, **overrides
 
 def _load_pretrained(model: CDNPGForConditionalGeneration, state: dict[str, torch.Tensor]):
     """Load `state` strictly except for what is new: the granularity heads (started near z = 0.5) and, for a BERT
-    source, the decoder's cross-attention (left as the model initialised it)."""
+    source, the decoder's cross-attention and the prediction head (`lm_head_transform` and the vocabulary bias), left
+    as the model initialised them, as transformers' bert2bert initialises them."""
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
-    new = [
-        name for name in missing if name not in tied and "granularity_head" not in name and "encoder_attn" not in name
-    ]
+    new_parts = ("granularity_head", "encoder_attn", "lm_head_transform.", "lm_head.bias")
+    new = [name for name in missing if name not in tied and not any(part in name for part in new_parts)]
     if unexpected or new:
         raise ValueError(f"weights do not map 1:1: unexpected {sorted(unexpected)}, missing {sorted(new)}")
     with torch.no_grad():

@@ -70,6 +70,9 @@ class CDNPGConfig(PretrainedConfig):
             Dropout on embeddings and on every residual branch.
         attention_dropout (`float`, defaults to 0.1):
             Dropout on the (granularity-adjusted) attention probabilities of eq. 9.
+        activation_dropout (`float`, *optional*):
+            Dropout after the feed-forward non-linearity. `None` (the default, what every earlier checkpoint did):
+            `dropout`. BERT has none there: `cdnpg.convert.from_bert` sets 0, `from_bart` BART's own value.
         granularity_mask (`str`, defaults to `"resonance"`):
             Which granularity mask adjusts encoder and decoder self-attention (eq. 9 and the ablation of Table 4):
             `"resonance"` (C, eq. 6; the paper's C-DNPG (R)), `"scope"` (S, eq. 8), `"product"` (C ⊙ S),
@@ -84,6 +87,11 @@ class CDNPGConfig(PretrainedConfig):
             Whether cross-attention gets the resonance mask (eq. 6) with z_i from the decoder queries and z_j from
             the encoder states through the cross-attention's own granularity head, as the released code does. The
             scope mask is never applied in cross-attention. Ignored when `granularity_mask="none"`.
+        lm_head_transform (`bool`, defaults to `False`):
+            Put BERT's masked-LM prediction head before the (tied) output projection: a dense d_model -> d_model
+            layer, `activation_function`, a LayerNorm, and a vocabulary bias on the logits. The paper's model has
+            none; a warm start from a BERT-family encoder learns markedly faster with it, as transformers'
+            bert2bert (`EncoderDecoderModel`) has it (docs/warm_start.md), so `from_bert` sets it.
         initializer_range (`float`, defaults to 0.02):
             Standard deviation of the normal initialisation of all weight matrices and embeddings.
         use_cache (`bool`, defaults to `True`):
@@ -124,11 +132,13 @@ class CDNPGConfig(PretrainedConfig):
         layer_norm_eps: float = 1e-5,
         dropout: float = 0.1,
         attention_dropout: float = 0.1,
+        activation_dropout: float | None = None,
         granularity_mask: str = "resonance",
         granularity_mask_mode: str = "log_bias",
         scope_epsilon: float = 2.0,
         cross_attention_granularity: bool = True,
         initializer_range: float = 0.02,
+        lm_head_transform: bool = False,
         use_cache: bool = True,
         tie_word_embeddings: bool = True,
         **kwargs,
@@ -149,11 +159,13 @@ class CDNPGConfig(PretrainedConfig):
         self.layer_norm_eps = layer_norm_eps
         self.dropout = dropout
         self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
         self.granularity_mask = granularity_mask
         self.granularity_mask_mode = granularity_mask_mode
         self.scope_epsilon = scope_epsilon
         self.cross_attention_granularity = cross_attention_granularity
         self.initializer_range = initializer_range
+        self.lm_head_transform = lm_head_transform
         self.use_cache = use_cache  # 5.x's base config no longer sets it from kwargs
         self.tie_word_embeddings = tie_word_embeddings
         # a copy per config: transformers.pipeline rewrites the class names it reads into classes, in place
@@ -187,8 +199,10 @@ class CDNPGConfig(PretrainedConfig):
             heads = getattr(self, name)
             if not isinstance(heads, int) or heads < 1 or self.d_model % heads:
                 raise ValueError(f"{name} must be a positive integer dividing d_model={self.d_model}, got {heads!r}")
-        for name in ("dropout", "attention_dropout"):
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
+            if value is None and name == "activation_dropout":
+                continue
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
         if not isinstance(self.max_position_embeddings, int) or self.max_position_embeddings < 2:

@@ -471,9 +471,11 @@ class CDNPGLayer(GradientCheckpointingLayer):
         self.activation_fn = ACT2FN[config.activation_function]
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
+        activation_dropout = config.dropout if config.activation_dropout is None else config.activation_dropout
+        self.activation_dropout = nn.Dropout(activation_dropout)  # BERT has none: 0 from `from_bert`
 
     def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        ffn_output = self.fc2(self.dropout(self.activation_fn(self.fc1(hidden_states))))
+        ffn_output = self.fc2(self.activation_dropout(self.activation_fn(self.fc1(hidden_states))))
         return self.final_layer_norm(hidden_states + self.dropout(ffn_output))
 
 
@@ -921,6 +923,20 @@ class CDNPGModel(CDNPGPreTrainedModel):
         )
 
 
+class CDNPGPredictionHeadTransform(nn.Module):
+    """BERT's masked-LM prediction head before the output projection (`lm_head_transform`): dense d -> d, the
+    activation, LayerNorm. A warm start from a BERT-family encoder needs it (docs/warm_start.md)."""
+
+    def __init__(self, config: CDNPGConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(self.activation_fn(self.dense(hidden_states)))
+
+
 class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
     """C-DNPG with a language-modelling head (tied to the shared embedding by default): a paraphrase generator."""
 
@@ -929,7 +945,9 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
     def __init__(self, config: CDNPGConfig):
         super().__init__(config)
         self.model = CDNPGModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # with `lm_head_transform`, BERT's masked-LM head: the transform, the tied projection and a vocabulary bias
+        self.lm_head_transform = CDNPGPredictionHeadTransform(config) if config.lm_head_transform else None
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_transform)
         # labels are not shifted inside the model (the decoder inputs are): token t of `labels` is predicted at
         # decoder position t, which is transformers' masked-LM loss, not its causal-LM one
         self.loss_type = "ForMaskedLM"
@@ -978,7 +996,10 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(outputs.last_hidden_state[:, positions])
+        hidden_states = outputs.last_hidden_state[:, positions]
+        if self.lm_head_transform is not None:
+            hidden_states = self.lm_head_transform(hidden_states)
+        logits = self.lm_head(hidden_states)
 
         loss = None
         if labels is not None:

@@ -285,3 +285,111 @@ def test_a_bart_sized_like_a_cdnpg_converts_back_to_the_same_fields():
     config = tiny_config(activation_function="gelu", dropout=0.2)
     back = from_bart(bart_like(config)).config
     assert {field: getattr(back, field) for field in BART_FIELDS} == {f: getattr(config, f) for f in BART_FIELDS}
+
+
+def bert2bert_new_weights(bert2bert, model: CDNPGForConditionalGeneration) -> None:
+    """Copy what transformers' bert2bert initialises afresh (the decoder's cross-attention, BERT's prediction head
+    and its vocabulary bias) into a converted model, so that the two compute the same function."""
+    decoder = bert2bert.decoder
+    names = {"self.query": "q_proj", "self.key": "k_proj", "self.value": "v_proj", "output.dense": "out_proj"}
+    with torch.no_grad():
+        for source, layer in zip(decoder.bert.encoder.layer, model.model.decoder.layers):
+            for theirs, ours in names.items():
+                getattr(layer.encoder_attn, ours).load_state_dict(
+                    source.crossattention.get_submodule(theirs).state_dict()
+                )
+            layer.encoder_attn_layer_norm.load_state_dict(source.crossattention.output.LayerNorm.state_dict())
+        head = decoder.cls.predictions
+        model.lm_head_transform.dense.load_state_dict(head.transform.dense.state_dict())
+        model.lm_head_transform.layer_norm.load_state_dict(head.transform.LayerNorm.state_dict())
+        model.lm_head.bias.copy_(head.bias)
+
+
+def test_converted_bert_is_transformers_bert2bert(bert_dir):
+    """With bert2bert's freshly initialised weights copied in, the converted model (`none`) computes transformers'
+    `EncoderDecoderModel.from_encoder_decoder_pretrained(bert, bert)`: the same logits, loss and gradients, and in
+    training the same dropout sites (none after the feed-forward activation, as BERT). Without BERT's prediction
+    head (`lm_head_transform`) the warm start learned markedly slower (docs/warm_start.md)."""
+    from transformers import EncoderDecoderModel
+
+    bert2bert = EncoderDecoderModel.from_encoder_decoder_pretrained(bert_dir, bert_dir).eval()
+    model, _ = convert(bert_dir, granularity_mask="none")
+    assert model.config.lm_head_transform and model.config.activation_dropout == 0
+    bert2bert_new_weights(bert2bert, model)
+    input_ids, attention_mask = batch()
+    labels = targets(3, 5)
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    expected = bert2bert(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, labels=labels)
+    got = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, labels=labels)
+    torch.testing.assert_close(got.logits, expected.logits, atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(got.loss, expected.loss, atol=TOLERANCE, rtol=0)
+    expected.loss.backward()
+    got.loss.backward()
+    torch.testing.assert_close(
+        model.lm_head_transform.dense.weight.grad, bert2bert.decoder.cls.predictions.transform.dense.weight.grad
+    )
+    torch.testing.assert_close(
+        model.model.decoder.layers[0].fc1.weight.grad,
+        bert2bert.decoder.bert.encoder.layer[0].intermediate.dense.weight.grad,
+        atol=TOLERANCE,
+        rtol=0,
+    )
+    # training: with the residual and attention dropout off, nothing else is dropped (BERT drops no activations)
+    quiet, _ = convert(bert_dir, granularity_mask="none", dropout=0.0, attention_dropout=0.0)
+    with torch.no_grad():
+        train_logits = quiet.train()(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
+        eval_logits = quiet.eval()(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
+    assert torch.equal(train_logits, eval_logits)
+
+
+def test_prediction_head_is_new_and_reloads_through_the_auto_classes(bert_dir, tmp_path):
+    model, _ = convert(bert_dir, granularity_mask="resonance")
+    transform = model.lm_head_transform
+    assert transform.dense.weight.std().item() == pytest.approx(model.config.initializer_range, rel=0.3)
+    assert torch.equal(transform.dense.bias, torch.zeros_like(transform.dense.bias))
+    assert torch.equal(transform.layer_norm.weight, torch.ones_like(transform.layer_norm.weight))
+    assert torch.equal(model.lm_head.bias, torch.zeros_like(model.lm_head.bias))
+    assert model.lm_head.weight is model.model.shared.weight
+    with torch.no_grad():
+        model.lm_head.bias.normal_()
+    model.save_pretrained(tmp_path / "converted")
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "converted").eval()
+    input_ids, attention_mask = batch()
+    decoder_input_ids = targets(3, 5)
+    with torch.no_grad():
+        expected = model.eval()(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
+        got = loaded(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+def test_checkpoints_saved_before_the_warm_start_fields_load_unchanged():
+    """A config without `lm_head_transform` and `activation_dropout` (every earlier checkpoint): no prediction head,
+    no vocabulary bias, and the feed-forward activations dropped with `dropout`, as before."""
+    from modeling_cdnpg import CDNPGConfig
+
+    config = CDNPGConfig.from_dict(
+        {"d_model": 32, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "dropout": 0.3}
+    )
+    model = CDNPGForConditionalGeneration(config)
+    assert model.lm_head_transform is None and model.lm_head.bias is None
+    assert model.model.encoder.layers[0].activation_dropout.p == 0.3
+    assert not any("lm_head_transform" in name for name in model.state_dict())
+    with pytest.raises(ValueError, match="activation_dropout must be in"):
+        CDNPGConfig(activation_dropout=1.5)
+    bart = tiny_bart()
+    bart.config.activation_dropout = 0.05
+    assert from_bart(bart).config.activation_dropout == 0.05
+
+
+def test_untied_embeddings_all_start_from_berts_word_embeddings():
+    bert = tiny_bert()
+    model = from_bert(bert, CLS, SEP, granularity_mask="none", tie_word_embeddings=False)
+    words = bert.embeddings.word_embeddings.weight
+    embeddings = [
+        model.model.shared,
+        model.model.encoder.embed_tokens,
+        model.model.decoder.embed_tokens,
+        model.lm_head,
+    ]
+    assert len({id(module.weight) for module in embeddings}) == 4
+    assert all(torch.equal(module.weight, words) for module in embeddings)

@@ -74,9 +74,10 @@ def test_quality_quick_warm_starts_and_scores_an_extra_test_set(tmp_path):
     completed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "| warm start, resonance |" in completed.stdout and "tiny:" in completed.stdout
+    assert "| bert2bert (transformers EncoderDecoderModel) |" in completed.stdout
 
     results = json.loads((out / "results.json").read_text())
-    assert list(results["models"]) == ["warm-resonance", "none", "copy-source"]
+    assert list(results["models"]) == ["warm-resonance", "bert2bert", "none", "copy-source"]
     warm = results["models"]["warm-resonance"]["runs"][0]
     assert warm["steps"] == 4 and warm["train_s_per_step"] > 0
     config = json.loads((out / "warm-resonance-seed0" / "config.json").read_text())
