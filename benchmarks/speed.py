@@ -124,6 +124,8 @@ def build_model(runner: str, model_kw: dict, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     if name.startswith(WARM):
         name, model_kw = name.removeprefix(WARM), {**model_kw, **MINILM_MODEL}
+        if name != BART:  # what from_bert builds besides: BERT's prediction head, no activation dropout
+            model_kw = {**model_kw, "lm_head_transform": True, "activation_dropout": 0.0}
     if attn == "flex_attention":
         model_kw = {**model_kw, "attention_dropout": 0.0}
     if name == BART:

@@ -383,11 +383,16 @@ def run_convert(args: argparse.Namespace) -> int:
         f"d {model.config.d_model}) with `cdnpg convert`; not trained for paraphrasing yet."
     )
     save_checkpoint(model, tokenizer, args.output, training_summary=summary, warm_start=checkpoint_name(args.source))
-    new = sum(p.numel() for name, p in model.named_parameters() if "granularity_head" in name)
+    # new, not from the checkpoint: the granularity heads; from a BERT source (the one that gets BERT's prediction
+    # head) also the decoder's cross-attention and that head
+    from_bert = model.config.lm_head_transform
+    new_parts = ("granularity_head", *(("encoder_attn", "lm_head_transform.", "lm_head.bias") if from_bert else ()))
+    new = sum(p.numel() for name, p in model.named_parameters() if any(part in name for part in new_parts))
     logger.info(
-        "wrote %s (%s parameters, %s of them new granularity heads)",
+        "wrote %s (%s parameters, %s of them new: %s)",
         args.output,
         f"{model.num_parameters():,}",
         f"{new:,}",
+        "granularity heads, cross-attention, prediction head" if from_bert else "granularity heads",
     )
     return EXIT_OK

@@ -234,7 +234,10 @@ def test_cdnpg_convert_command_writes_a_complete_checkpoint(bert_dir, tmp_path):
     command = [sys.executable, "-m", "cdnpg.cli", "convert", str(bert_dir), str(output), "--granularity_mask", "scope"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
-    assert "granularity heads" in completed.stderr
+    converted = CDNPGForConditionalGeneration.from_pretrained(output)
+    new_parts = ("granularity_head", "encoder_attn", "lm_head_transform.", "lm_head.bias")  # not in a BERT encoder
+    new = sum(p.numel() for name, p in converted.named_parameters() if any(part in name for part in new_parts))
+    assert f"{new:,} of them new: granularity heads, cross-attention, prediction head" in completed.stderr
     assert json.loads((output / "config.json").read_text())["granularity_mask"] == "scope"
     assert {"model.safetensors", "tokenizer.json", "README.md", "modeling_cdnpg.py"} <= {
         p.name for p in output.iterdir()
