@@ -365,6 +365,16 @@ def test_a_reused_output_dir_is_refused_and_overwriting_removes_the_earlier_run(
     assert "200 train" in (output / "README.md").read_text()
 
 
+def test_overwriting_never_removes_the_model_or_data_the_run_reads(tmp_path):
+    output = tmp_path / "out"
+    main(["--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train"])
+    saved = (output / "model.safetensors").read_bytes()
+    with pytest.raises(UsageError, match=r"would remove .*out, which this run reads"):
+        main(["--output_dir", str(output), "--model_name_or_path", str(output), "--do_eval", "--overwrite_output_dir",
+              "True", "--template_sizes", "256", "16", "16"])  # fmt: skip
+    assert (output / "model.safetensors").read_bytes() == saved
+
+
 def test_overwriting_refuses_a_folder_that_holds_no_training_run(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="no training run"):

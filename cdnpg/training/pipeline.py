@@ -114,7 +114,7 @@ def check_resumable(checkpoint: str) -> None:
         )
 
 
-def prepare_output_dir(args: CDNPGTrainingArguments) -> None:
+def prepare_output_dir(args: CDNPGTrainingArguments, inputs: Sequence[str | None] = ()) -> None:
     """transformers' convention: a non-empty output_dir is refused unless the run continues (--resume_from_checkpoint)
     or replaces (--overwrite_output_dir) the one there, so nothing of an earlier run is silently reused or mixed in.
     Replacing removes every file of the earlier run; resuming keeps its checkpoints and tokenizer and removes its
@@ -129,6 +129,12 @@ def prepare_output_dir(args: CDNPGTrainingArguments) -> None:
             f"{', ...' if len(entries) > 4 else ''}): give --overwrite_output_dir to replace the run there (its "
             "files are removed), --resume_from_checkpoint to continue it, or another --output_dir"
         )
+    if entries and args.overwrite_output_dir and not args.resume_from_checkpoint:
+        for given in filter(None, inputs):  # the model, tokenizer or data this run reads must survive the clean-up
+            if Path(given).resolve().is_relative_to(folder.resolve()):
+                raise UsageError(
+                    f"--overwrite_output_dir would remove {given}, which this run reads: choose another --output_dir"
+                )
     if entries and args.overwrite_output_dir and not any((folder / name).exists() for name in RUN_FILES):
         raise UsageError(
             f"--output_dir {folder} holds files but no training run (none of {', '.join(RUN_FILES)}); "
@@ -485,7 +491,13 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     logger.setLevel(training_args.get_process_log_level())
     check_stages(model_args, training_args)
     check_distributed_launch(training_args)
-    prepare_output_dir(training_args)
+    prepare_output_dir(
+        training_args,
+        inputs=[
+            model_args.model_name_or_path, model_args.init_from, model_args.tokenizer_name, data_args.train_file,
+            data_args.validation_file, data_args.test_file, data_args.quora_file, data_args.twitter_train_file,
+        ],
+    )  # fmt: skip
     metric = load_metric() if training_args.do_predict else None
     set_seed(training_args.seed)
 
