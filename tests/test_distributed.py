@@ -55,7 +55,8 @@ def test_two_ddp_processes_run_every_stage_and_predict_what_one_process_predicts
         # with repeated pairs on the second process, weighs a little differently there; every score is exact
         assert ddp[key] == pytest.approx(one[key], rel=1e-3 if key == "test_loss" else 1e-9), key
     ddp_eval = json.loads((trained / "eval_results.json").read_text())
-    assert ddp_eval["eval_loss"] == pytest.approx(single_eval["eval_loss"], rel=1e-4)  # float rounding only
+    # the same mean of batch means, over batches cut differently on two processes (a CI run differed by 1.1e-4)
+    assert ddp_eval["eval_loss"] == pytest.approx(single_eval["eval_loss"], rel=1e-3)
     assert json.loads((trained / "trainer_state.json").read_text())["global_step"] == 4
     assert "x 2 devices" in (trained / "README.md").read_text()
 
