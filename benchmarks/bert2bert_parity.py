@@ -27,25 +27,23 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import Counter
 from pathlib import Path
 
 import datasets
 import torch
 import transformers
+from common import common_words, detail_words, retention
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
 import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
 from cdnpg import training
 from cdnpg.convert import convert
-from cdnpg.training.paraphrase_metrics import normalize
 
 QUORA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "quora"
 VALIDATION_PAIRS = 500  # the first pairs of valid.jsonl: validation cross-entropy
 TEST_PAIRS = 500  # the first pairs of the second half of valid.jsonl: decoding and scores
 MAX_LENGTH = 32  # tokens; Quora questions are shorter
 LOG_EVERY = 150  # steps
-COMMON_WORDS = 1000  # a source word outside the most frequent ones of train.jsonl is "rare"
 
 
 def read_pairs(path: Path) -> list[dict[str, str]]:
@@ -165,19 +163,8 @@ def score(folder: str) -> dict:
             predictions += tokenizer.batch_decode(generated, skip_special_tokens=True)
     seconds = time.perf_counter() - tic
     metrics = training.score(training.load_metric(), predictions, pairs)
-    train_pairs = read_pairs(QUORA / "train.jsonl")
-    frequency = Counter(w for p in train_pairs for text in (p["source"], p["target"]) for w in normalize(text))
-    common = {word for word, _ in frequency.most_common(COMMON_WORDS)}
-    kept, total = Counter(), Counter()
-    for source, prediction in zip(pairs["source"], predictions):
-        words, present = set(normalize(source)), set(normalize(prediction))
-        numbers = {w for w in words if any(c.isdigit() for c in w)}
-        for kind, details in (
-            ("numbers", numbers),
-            ("rare", {w for w in words - numbers - common if any(c.isalpha() for c in w)}),
-        ):
-            kept[kind] += len(details & present)
-            total[kind] += len(details)
+    common = common_words(text for pair in read_pairs(QUORA / "train.jsonl") for text in pair.values())
+    kept = retention([detail_words(source, common) for source in pairs["source"]], predictions)
     with (Path(folder) / "predictions.jsonl").open("w", encoding="utf-8") as out:
         for row, prediction in zip(pairs, predictions):
             out.write(json.dumps({**row, "prediction": prediction}) + "\n")
@@ -185,7 +172,7 @@ def score(folder: str) -> dict:
         "model": folder,
         "pairs": len(pairs),
         **{key: round(metrics[f"test_{key}"], 2) for key in ("bleu4", "ibleu", "self_bleu4", "copy_rate")},
-        **{f"kept_{kind}": round(100 * kept[kind] / total[kind], 1) for kind in total},
+        **{f"kept_{kind}": round(value, 1) for kind, value in kept.items()},
         "decode_s": round(seconds, 1),
     }
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 import transformers
+
+from cdnpg.training.paraphrase_metrics import normalize
+
+COMMON_WORDS = 1000  # a source word outside the most frequent words of the training text is "rare"
+DETAIL_KINDS = ("numbers", "rare")
 
 
 def cpu_name() -> str:
@@ -48,3 +55,27 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
     """A markdown table, the first column left-aligned and the others right-aligned."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---", *["---:"] * (len(header) - 1)]) + "|"]
     return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
+
+
+def common_words(texts: Iterable[str], size: int = COMMON_WORDS) -> set[str]:
+    """The `size` most frequent words of `texts` (the training sources and targets), as the metrics tokenize them."""
+    return {word for word, _ in Counter(word for text in texts for word in normalize(text)).most_common(size)}
+
+
+def detail_words(source: str, common: set[str]) -> dict[str, set[str]]:
+    """A source's distinct details: its numbers (words with a digit) and its rare words (alphabetic, not common)."""
+    words = set(normalize(source))
+    numbers = {word for word in words if any(ch.isdigit() for ch in word)}
+    return {"numbers": numbers, "rare": {w for w in words - numbers - common if any(ch.isalpha() for ch in w)}}
+
+
+def retention(details: list[dict[str, set[str]]], outputs: list[str]) -> dict[str, float]:
+    """% of the sources' detail words, per kind, that reappear in the outputs (pooled over all pairs): a paraphrase
+    should keep the numbers and names it was given."""
+    kept, total = Counter(), Counter()
+    for words, output in zip(details, outputs, strict=True):
+        present = set(normalize(output))
+        for kind, wanted in words.items():
+            kept[kind] += len(wanted & present)
+            total[kind] += len(wanted)
+    return {kind: 100 * kept[kind] / total[kind] if total[kind] else float("nan") for kind in total}

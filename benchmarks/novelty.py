@@ -40,13 +40,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import Counter
 from itertools import combinations
 from pathlib import Path
 
 import torch
 import transformers
-from common import format_table, machine_info, write_json
+from common import common_words, detail_words, format_table, machine_info, retention, write_json
 
 import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
 from cdnpg import training
@@ -60,7 +59,6 @@ ROOT = Path(__file__).resolve().parents[1]
 QUORA = ROOT.parent / "shared" / "data" / "quora"
 NOVELTIES = (0.25, 0.5, 0.75, 1.0)
 DECODING = {"num_beams": 8, "max_new_tokens": 20}
-COMMON_WORDS = 1000
 METRIC_KEYS = ("bleu4", "ibleu", "self_bleu4", "copy_rate")
 RETENTION_KEYS = ("numbers", "rare", "high_z")
 FAMILIES = {  # plot label and style of each family of settings
@@ -88,6 +86,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output_dir", default="runs/novelty", help="results-<split>.json goes here")
     parser.add_argument("--plot", default=None, help="write the BLEU-4 / iBLEU / retention figure to this file")
     parser.add_argument("--quick", action="store_true", help="a few pairs and settings: the smoke test")
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        metavar="NAME",
+        help='decode only these settings (as the table names them, e.g. "novelty 0.25" "novelty 0.5"); '
+        "beam search, the reference of the timings, always",
+    )
     parser.add_argument("--report_only", action="store_true", help="decode nothing: reprint results-<split>.json")
     args = parser.parse_args(argv)
     if args.quick:
@@ -131,6 +136,17 @@ def settings(model, quick: bool) -> dict[str, tuple[str, float, dict]]:
     return rows
 
 
+def chosen(rows: dict[str, tuple], names: list[str] | None) -> dict[str, tuple]:
+    """The settings named by --settings (all when none is), beam search always: the other timings are read against
+    it. A name that is not a setting of this model is refused with the list of those that are."""
+    if not names:
+        return rows
+    unknown = [name for name in names if name not in rows]
+    if unknown:
+        raise SystemExit(f"--settings {', '.join(unknown)}: not a setting of this model; one of: {', '.join(rows)}")
+    return {name: row for name, row in rows.items() if name == "beam search" or name in names}
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Decoding and scoring
 # ---------------------------------------------------------------------------------------------------------------------
@@ -162,27 +178,13 @@ def source_details(model, tokenizer, sources: list[str], common: set[str]) -> li
     layer = model.generation_config.novelty_z_layer if model.config.granularity_mask != "none" else None
     details = []
     for source in sources:
-        words = set(normalize(source))
         high_z = set()
         if layer is not None:
             row = word_granularities(model, tokenizer, source)[layer]
             inverted = model.generation_config.novelty_z_inverted
             high_z = {word.lower() for word, z in zip(row.words, row.z) if (1 - z if inverted else z) >= 0.5}
-        numbers = {word for word in words if any(ch.isdigit() for ch in word)}
-        rare = {word for word in words - numbers - common if any(ch.isalpha() for ch in word)}
-        details.append({"numbers": numbers, "rare": rare, "high_z": high_z})
+        details.append({**detail_words(source, common), "high_z": high_z})
     return details
-
-
-def retention(details: list[dict[str, set[str]]], outputs: list[str]) -> dict[str, float]:
-    """% of the source's detail words, per kind, that reappear in the output (pooled over all pairs)."""
-    kept, total = Counter(), Counter()
-    for words, output in zip(details, outputs):
-        present = set(normalize(output))
-        for kind in RETENTION_KEYS:
-            kept[kind] += len(words[kind] & present)
-            total[kind] += len(words[kind])
-    return {kind: 100 * kept[kind] / total[kind] if total[kind] else float("nan") for kind in RETENTION_KEYS}
 
 
 def true_ibleu(prediction: str, reference: str, source: str) -> float:
@@ -326,12 +328,11 @@ def main(argv: list[str] | None = None) -> dict:
             calibration = {
                 key: getattr(model.generation_config, key) for key in ("novelty_z_layer", "novelty_z_inverted")
             }
-    frequencies = Counter(word for text in [*train["source"], *train["target"]] for word in normalize(text))
-    common = {word for word, _ in frequencies.most_common(COMMON_WORDS)}
+    common = common_words([*train["source"], *train["target"]])
     pairs = load_split(args)
     paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
     metric = training.load_metric()
-    rows = settings(model, args.quick)
+    rows = chosen(settings(model, args.quick), args.settings)
 
     predictions, seconds = decode_interleaved(paraphraser, rows, list(pairs["source"]), args)
     details = source_details(model, tokenizer, list(pairs["source"]), common)
@@ -370,8 +371,11 @@ def main(argv: list[str] | None = None) -> dict:
         "beam search (5 best beams)": candidate_stats(
             decode(paraphraser, list(few["source"]), args.batch_size, 5), few
         ),
-        "novelty 0.5": candidate_stats(decode(paraphraser, list(few["source"]), args.batch_size, 5, novelty=0.5), few),
     }
+    if "novelty 0.5" in rows:
+        results["candidates"]["novelty 0.5"] = candidate_stats(
+            decode(paraphraser, list(few["source"]), args.batch_size, 5, novelty=0.5), few
+        )
     write_json(results, results_path)
     samples = {name: predictions[name][:20] for name in rows}
     (out_dir / f"samples-{args.split}.json").write_text(

@@ -10,6 +10,7 @@ import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -576,3 +577,16 @@ def test_benchmark_quick_scores_every_setting_against_beam_search_and_draws_the_
     assert set(results["candidates"]) == {"beam search (5 best beams)", "novelty 0.5"}
     assert results["candidates"]["novelty 0.5"]["copies_percent"] == 0
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_benchmark_settings_decodes_only_those_named_with_beam_search_and_refuses_an_unknown_one():
+    from tests.test_quality_smoke import load_benchmark
+
+    novelty = load_benchmark("novelty")
+    rows = {"beam search": ("beam", 0.0, {}), "novelty 0.25": ("z", 0.25, {}), "novelty 0.5": ("z", 0.5, {})}
+    assert novelty.chosen(rows, None) == rows
+    assert list(novelty.chosen(rows, ["novelty 0.5"])) == ["beam search", "novelty 0.5"]
+    with pytest.raises(
+        SystemExit, match=re.escape("--settings novelty 0.3: not a setting of this model; one of: beam search")
+    ):
+        novelty.chosen(rows, ["novelty 0.3"])

@@ -77,7 +77,7 @@ def test_quality_quick_warm_starts_and_scores_an_extra_test_set(tmp_path):
     assert "| bert2bert (transformers EncoderDecoderModel) |" in completed.stdout
 
     results = json.loads((out / "results.json").read_text())
-    assert list(results["models"]) == ["warm-resonance", "bert2bert", "none", "copy-source"]
+    assert list(results["models"]) == ["bert2bert", "warm-resonance", "none", "copy-source"]  # the baseline first
     warm = results["models"]["warm-resonance"]["runs"][0]
     assert warm["steps"] == 4 and warm["train_s_per_step"] > 0
     config = json.loads((out / "warm-resonance-seed0" / "config.json").read_text())
@@ -87,6 +87,12 @@ def test_quality_quick_warm_starts_and_scores_an_extra_test_set(tmp_path):
         assert math.isfinite(scores["ibleu"]) and 0 <= scores["copy_rate"] <= 100, name
     assert results["models"]["copy-source"]["runs"][0]["extra"]["tiny"]["copy_rate"] == 100.0
     assert len((out / "warm-resonance-seed0" / "predictions-tiny.jsonl").read_text().splitlines()) == 5
+    copy = results["models"]["copy-source"]["runs"][0]["metrics"]
+    assert copy["rare_kept"] == 100.0  # the source keeps every rare word it has
+    assert 0 <= results["human_retention"]["rare"] <= 100
+    for name in ("bert2bert", "warm-resonance", "none"):
+        metrics = results["models"][name]["runs"][0]["metrics"]
+        assert 0 <= metrics["rare_kept"] <= 100, (name, metrics)
 
 
 def test_report_only_merges_the_seeds_of_another_output_folder(tmp_path):
@@ -122,9 +128,49 @@ def test_validation_runs_evaluations_times_not_every_step(tmp_path, max_steps, e
     quality = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(quality)
     args = argparse.Namespace(
-        **{**dict.fromkeys(quality.RUN_FLAGS), "max_steps": max_steps, "evaluations": evaluations}
+        **{**dict.fromkeys(quality.RUN_FLAGS), "max_steps": max_steps, "evaluations": evaluations, "bf16": False}
     )
     files = {split: tmp_path / f"{split}.jsonl" for split in ("train", "valid", "test")}
     argv = quality.recipe_argv(args, files, tmp_path / "tokenizer", 0, tmp_path / "out")
     flags = dict(zip(argv[::2], argv[1::2]))
     assert flags["--eval_steps"] == flags["--save_steps"] == every
+
+
+def load_benchmark(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_variants_given_alone_trains_no_model_from_scratch():
+    quality = load_benchmark("quality")
+    assert quality.parse_args(["--variants"]).variants == []
+    assert quality.parse_args([]).variants == ["none", "resonance", "scope"]
+
+
+def test_bf16_reaches_every_models_trainer_and_a_cpu_is_named_for_it(tmp_path):
+    quality = load_benchmark("quality")
+    args = quality.parse_args(["--bf16", "--max_steps", "10"])
+    files = {split: tmp_path / f"{split}.jsonl" for split in ("train", "valid", "test")}
+    flags = dict(zip(*[iter(quality.recipe_argv(args, files, tmp_path / "tokenizer", 0, tmp_path / "out"))] * 2))
+    assert flags["--bf16"] == "true" and flags["--use_cpu"] == "true"  # this machine has no GPU
+    assert "--bf16" not in quality.recipe_argv(quality.parse_args([]), files, tmp_path, 0, tmp_path)
+
+
+def test_detail_retention_counts_the_numbers_and_rare_words_an_output_keeps():
+    """Pooled over pairs: 1 of 2 numbers and 1 of 3 rare words reappear; common words and punctuation never count."""
+    from common import common_words, detail_words, retention
+
+    common = common_words(["why did you introduce the notes ?", "why did the notes come ?"], size=6)
+    assert common == {"why", "did", "the", "notes", "?", "you"}  # the 6 most frequent: 2, 2, 2, 2, 2 and 1 (first)
+    details = [
+        detail_words("why did rbi introduce 2000 rupee notes ?", common),
+        detail_words("is 7 a prime ?", common),
+    ]
+    assert details == [{"numbers": {"2000"}, "rare": {"rbi", "introduce", "rupee"}},
+                       {"numbers": {"7"}, "rare": {"is", "a", "prime"}}]  # fmt: skip
+    outputs = ["why did the rs rs rspee notes introduced ?", "is 7 a number that is prime ?"]
+    assert retention(details, outputs) == {"numbers": 50.0, "rare": pytest.approx(100 * 3 / 6)}
