@@ -38,8 +38,15 @@ validation set split in two, the first 2,000 pairs for validation (model selecti
 (the paper's test set is not used). The two halves are written into `--output_dir/data`. With `--quick`, the embedded
 template corpus is written there instead, so the smoke test needs nothing outside the project.
 
+Detail retention (`numbers_kept`, `rare_kept`): of the distinct source words that are numbers, and that are rare
+(outside the 1,000 most frequent words of the training sources and targets, numbers excluded), the share that
+reappears in the prediction, pooled over the test pairs; the references are scored the same way (`human_retention`).
+
+`--bf16` trains and decodes every model in bfloat16 mixed precision (the Trainer's autocast): half the step time on a
+CPU with AVX512-BF16 or AMX and on recent GPUs; the weights stay float32.
+
 Results: `--output_dir/results.json` (rewritten after every model: per model and seed, all metrics (among them
-`copy_rate`, the share of exact copies), the number of steps, the training time per step, the best validation loss
+`copy_rate`, the share of exact copies, and the detail retention), the number of steps, the training time per step, the best validation loss
 and the wall time, and the same metrics on every `--extra_test` set, decoded the same way from the selected model;
 the resolved configuration and the machine) and markdown tables on stdout, with the paper's Table 2 Quora numbers
 beside the first (mean ± std over `--seeds` when several).
@@ -427,7 +434,8 @@ def detail_retention(details: list[dict[str, set[str]]], predictions: Path) -> d
 def summarize(runs: list[dict]) -> dict[str, dict[str, float]]:
     """Mean and (sample) standard deviation over seeds of every metric (extra test sets as "<name>/<metric>");
     std is 0 for a single seed."""
-    columns = {key: [run["metrics"][key] for run in runs] for key in METRIC_KEYS}
+    measured = [key for key in METRIC_KEYS if all(key in run["metrics"] for run in runs)]  # older runs lack some
+    columns = {key: [run["metrics"][key] for run in runs] for key in measured}
     for test in runs[0].get("extra", {}):
         columns.update({f"{test}/{key}": [run["extra"][test][key] for run in runs] for key in EXTRA_KEYS})
     summary = {}
@@ -524,7 +532,7 @@ def markdown_table(results: dict) -> str:
     header = ["model", *COLUMN_NAMES, "s/step", "valid. loss", "seeds", 'paper "iBLEU"', "paper BLEU-4"]
     rows = []
     for name, entry in results["models"].items():
-        cells = [_cell(entry["summary"][key]) for key in METRIC_KEYS]
+        cells = [_cell(entry["summary"][key]) if key in entry["summary"] else "–" for key in METRIC_KEYS]
         step_s = [run["train_s_per_step"] for run in entry["runs"] if run.get("train_s_per_step")]
         cells.append(f"{statistics.fmean(step_s):.2f}" if step_s else "–")
         losses = [run["best_validation_loss"] for run in entry["runs"] if run.get("best_validation_loss") is not None]
@@ -558,8 +566,10 @@ def plot(results: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     names = list(results["models"])
-    panels = (("ibleu", "true iBLEU (α = 0.8, vs source)"), ("bleu4", "BLEU-4"), ("copy_rate", "exact copies (%)"))
-    figure, axes = plt.subplots(1, len(panels), figsize=(15, 4.2), layout="constrained")
+    panels = [("ibleu", "true iBLEU (α = 0.8, vs source)"), ("bleu4", "BLEU-4"), ("copy_rate", "exact copies (%)")]
+    if all("rare_kept" in results["models"][name]["summary"] for name in names):
+        panels.append(("rare_kept", "rare source words kept (%)"))
+    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), layout="constrained")
     colors = [
         "C7" if name == COPY else "C1" if name.startswith(WARM) else "C2" if name == BERT2BERT else "C0"
         for name in names
@@ -571,6 +581,9 @@ def plot(results: dict, path: str) -> None:
         axis.set_xticks(range(len(names)), [ROW_NAMES.get(n, n) for n in names], rotation=30, ha="right", fontsize=8)
         axis.set_title(title)
         axis.grid(axis="y", alpha=0.3)
+        if key == "rare_kept" and "human_retention" in results:
+            axis.axhline(results["human_retention"]["rare"], color="grey", linestyle=":", label="human references")
+            axis.legend(fontsize=8)
     figure.suptitle(f"{results['config']['data']}, {results['config']['recipe']}", fontsize=9)
     figure.savefig(path, dpi=120)
 
@@ -586,6 +599,10 @@ def report(results: dict, plot_path: str | None) -> None:
     )
     print()
     print(markdown_table(results))
+    if "human_retention" in results:
+        kept = results["human_retention"]
+        print(f"\nThe references keep {kept['numbers']:.1f}% of their sources' numbers, {kept['rare']:.1f}% of the rare "
+              "words (outside the 1,000 most frequent of the training text).")  # fmt: skip
     for table in extra_tables(results):
         print()
         print(table)
