@@ -97,6 +97,7 @@ COLUMN_NAMES = (
 )  # fmt: skip
 EXTRA_KEYS = ("ibleu", "bleu4", "self_bleu4", "copy_rate")  # the columns of the --extra_test tables
 WARM = "warm-"  # prefix of the warm-started models' names
+SPREAD_PAIRS, SPREAD_TOKENS = 256, 20  # granularity_spread: test pairs read, tokens per sentence (the paper's limit)
 ROW_NAMES = {
     "none": "Transformer (none)",
     "resonance": "C-DNPG resonance (R)",
@@ -411,6 +412,46 @@ def score_extra(run_dir: Path, argv: list[str], pairs: datasets.Dataset, metric,
     return training.score(metric, predictions, pairs)
 
 
+def granularity_spread(run_dir: Path, pairs: datasets.Dataset) -> dict[str, list[float]] | None:
+    """How far training moved z (eq. 4) from where a warm start puts it (0.5 everywhere): per layer, the standard
+    deviation of z over the tokens of the first SPREAD_PAIRS test pairs (encoder self-attention over the sources,
+    decoder self- and cross-attention over the teacher-forced references). None for a model without z."""
+    config = json.loads((run_dir / "config.json").read_text())
+    if config.get("model_type") != "cdnpg" or config.get("granularity_mask") == "none":
+        return None
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(run_dir).eval()
+    tokenizer = load_tokenizer(run_dir)
+    few = pairs.select(range(min(SPREAD_PAIRS, len(pairs))))
+    batch = tokenizer(list(few["source"]), text_target=list(few["target"]), max_length=SPREAD_TOKENS,
+                      truncation=True, padding=True, return_tensors="pt")  # fmt: skip
+    target = batch["labels"] != tokenizer.pad_token_id
+    with torch.no_grad():
+        out = model(**batch.data | {"labels": batch["labels"].masked_fill(~target, -100)}, output_granularities=True)
+
+    def spread(layers: tuple[torch.Tensor, ...] | None, mask: torch.Tensor) -> list[float]:
+        return [round(z[mask].std().item(), 4) for z in layers or ()]
+
+    return {
+        "encoder": spread(out.encoder_granularities, batch["attention_mask"].bool()),
+        "decoder": spread(out.decoder_granularities, target),
+        "cross": spread(out.cross_granularities, target),
+    }
+
+
+def fill_spread(results: dict, out_dir: Path) -> dict:
+    """`z_spread` for the runs of a results.json written before it was measured, from the models they saved."""
+    test_pairs = None
+    for name, entry in results["models"].items():
+        for run in entry["runs"]:
+            run_dir = out_dir / f"{name}-seed{run['seed']}"
+            if "z_spread" not in run and (run_dir / "config.json").is_file():
+                if test_pairs is None:
+                    config = results["config"]
+                    test_pairs = read_pairs(Path(config["files"]["test"]), config.get("max_test_samples"))
+                run["z_spread"] = granularity_spread(run_dir, test_pairs)
+    return results
+
+
 def copy_source(pairs: datasets.Dataset, metric, out_dir: Path) -> dict[str, float]:
     """The trivial baseline: the prediction is the source sentence itself."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -458,6 +499,7 @@ def record(
     state: dict,
     wall_s: float,
     extra: dict[str, dict[str, float]] | None = None,
+    spread: dict[str, list[float]] | None = None,
 ) -> None:
     """One run's test metrics, with the steps, time per step and best validation loss of its trainer state, and its
     metrics on the --extra_test sets."""
@@ -474,6 +516,7 @@ def record(
             "best_validation_loss": state.get("best_metric", raw.get("eval_loss")),
             "eval_loss": raw.get("eval_loss"),
             "wall_s": round(wall_s, 1),
+            "z_spread": spread,
         }
     )
     entry["summary"] = summarize(entry["runs"])
@@ -544,6 +587,22 @@ def markdown_table(results: dict) -> str:
     return format_table(header, rows)
 
 
+def spread_lines(results: dict) -> list[str]:
+    """Per model with granularity heads: the spread of z per layer (mean over seeds), encoder | decoder | cross."""
+    lines = []
+    for name, entry in results["models"].items():
+        spreads = [run["z_spread"] for run in entry["runs"] if run.get("z_spread")]
+        if spreads:
+            parts = [
+                f"{part} "
+                + " ".join(f"{statistics.fmean(s[part][i] for s in spreads):.3f}" for i, _ in enumerate(layers))
+                for part, layers in spreads[0].items()
+                if layers
+            ]
+            lines.append(f"- {ROW_NAMES.get(name, name)}: std of z per layer, " + "; ".join(parts))
+    return ["", "How far z moved from 0.5 (its start in a warm start):", *lines] if lines else []
+
+
 def extra_tables(results: dict) -> list[str]:
     """One table per --extra_test set: the same models, the metrics of EXTRA_KEYS."""
     tests = dict.fromkeys(test for entry in results["models"].values() for test in entry["runs"][0].get("extra", {}))
@@ -603,6 +662,8 @@ def report(results: dict, plot_path: str | None) -> None:
         kept = results["human_retention"]
         print(f"\nThe references keep {kept['numbers']:.1f}% of their sources' numbers, {kept['rare']:.1f}% of the rare "
               "words (outside the 1,000 most frequent of the training text).")  # fmt: skip
+    for line in spread_lines(results):
+        print(line)
     for table in extra_tables(results):
         print()
         print(table)
@@ -654,9 +715,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out_dir = Path(args.output_dir).resolve()
     if args.report_only:
-        results = json.loads((out_dir / "results.json").read_text())
+        results = fill_spread(json.loads((out_dir / "results.json").read_text()), out_dir)
         for other in args.merge:
-            merge_runs(results, json.loads((Path(other) / "results.json").read_text()), other)
+            merge_runs(
+                results, fill_spread(json.loads((Path(other) / "results.json").read_text()), Path(other)), other
+            )
         write_json(results, out_dir / "results.json")
         report(results, args.plot)
         return results
@@ -721,7 +784,8 @@ def main(argv: list[str] | None = None) -> dict:
             raw.update(detail_retention(details, run_dir / "predictions.jsonl"))
             extra = {test: score_extra(run_dir, run_argv, pairs, metric, test) for test, pairs in extras.items()}
             state = json.loads((run_dir / "trainer_state.json").read_text())
-            record(results, name, seed, raw, state, wall_s, extra)
+            spread = granularity_spread(run_dir, test_pairs) if name not in (BART, BERT2BERT) else None
+            record(results, name, seed, raw, state, wall_s, extra, spread)
             results["wall_s"] = round(time.perf_counter() - started, 1)
             write_json(results, results_path)
     order = [*models, *(name for name in results["models"] if name not in (*models, COPY)), COPY]

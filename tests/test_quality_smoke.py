@@ -93,6 +93,9 @@ def test_quality_quick_warm_starts_and_scores_an_extra_test_set(tmp_path):
     for name in ("bert2bert", "warm-resonance", "none"):
         metrics = results["models"][name]["runs"][0]["metrics"]
         assert 0 <= metrics["rare_kept"] <= 100, (name, metrics)
+    assert [len(layers) for layers in warm["z_spread"].values()] == [2, 2, 2]  # the tiny BERT's 2 layers
+    assert results["models"]["bert2bert"]["runs"][0]["z_spread"] is None
+    assert results["models"]["none"]["runs"][0]["z_spread"] is None
 
 
 def test_report_only_merges_the_seeds_of_another_output_folder(tmp_path):
@@ -174,3 +177,39 @@ def test_detail_retention_counts_the_numbers_and_rare_words_an_output_keeps():
                        {"numbers": {"7"}, "rare": {"is", "a", "prime"}}]  # fmt: skip
     outputs = ["why did the rs rs rspee notes introduced ?", "is 7 a number that is prime ?"]
     assert retention(details, outputs) == {"numbers": 50.0, "rare": pytest.approx(100 * 3 / 6)}
+
+
+def test_granularity_spread_is_zero_at_a_warm_start_and_shows_a_trained_head_in_its_own_layer(tmp_path):
+    """A converted checkpoint starts at z = 0.5 for every token (W_G ~ 1e-6): no spread anywhere. Spreading one
+    encoder layer's W_G shows in that layer's number only; the other heads, still at ~0, stay at ~0."""
+    import datasets
+    import torch
+
+    from cdnpg.convert import convert
+    from tests.test_convert import save_with_tokenizer, tiny_bert
+
+    quality = load_benchmark("quality")
+    model, tokenizer = convert(save_with_tokenizer(tiny_bert(), tmp_path / "bert"), granularity_mask="resonance")
+    sentences = ["how is the cat ?", "is the cat on the mat ?", "the cat is"]
+    pairs = datasets.Dataset.from_dict({"source": sentences, "target": sentences[::-1]})
+    run = tmp_path / "run"
+
+    def spread() -> dict[str, list[float]]:
+        model.save_pretrained(run)
+        tokenizer.save_pretrained(run)
+        return quality.granularity_spread(run, pairs)
+
+    start = spread()
+    assert [len(layers) for layers in start.values()] == [2, 2, 2]  # encoder, decoder, cross: 2 layers each
+    assert max(max(layers) for layers in start.values()) < 1e-4
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.model.encoder.layers[1].self_attn.granularity_head.proj.weight.normal_(0, 0.5)
+    trained = spread()
+    assert trained["encoder"][1] > 0.01 and trained["encoder"][0] < 1e-4
+    assert max(trained["decoder"] + trained["cross"]) < 1e-4
+
+    model_dir = tmp_path / "none"
+    none, _ = convert(tmp_path / "bert", granularity_mask="none")
+    none.save_pretrained(model_dir)
+    assert quality.granularity_spread(model_dir, pairs) is None  # no granularity heads, nothing to measure
