@@ -178,6 +178,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"AdamW peak learning rate of the warm-started models (default {RECIPE['warm_learning_rate']})",
     )
     parser.add_argument(
+        "--warm_granularity_learning_rate",
+        type=float,
+        help="peak learning rate of the warm-started models' granularity heads (run.py's --granularity_learning_rate;"
+        " default: --warm_learning_rate)",
+    )
+    parser.add_argument(
         "--extra_test",
         action="append",
         default=[],
@@ -345,7 +351,10 @@ def warm_argv(args: argparse.Namespace, argv: list[str]) -> list[str]:
     """The shared recipe for a model warm-started from --init_from: its own sizes and tokenizer, its learning rate."""
     dropped = {"--tokenizer_name", "--learning_rate", *(f"--{flag}" for flag in SIZE_FLAGS)}
     kept = [item for flag, value in zip(argv[::2], argv[1::2]) if flag not in dropped for item in (flag, value)]
-    return [*kept, "--init_from", args.init_from, "--learning_rate", str(args.warm_learning_rate)]
+    argv = [*kept, "--init_from", args.init_from, "--learning_rate", str(args.warm_learning_rate)]
+    if args.warm_granularity_learning_rate is not None:  # bert2bert has no granularity heads: nothing changes there
+        argv += ["--granularity_learning_rate", str(args.warm_granularity_learning_rate)]
+    return argv
 
 
 def train_cdnpg(variant: str, argv: list[str], log_path: Path, threads: int | None) -> dict[str, float]:
@@ -618,6 +627,17 @@ def extra_tables(results: dict) -> list[str]:
     return tables
 
 
+def recipe_line(config: dict) -> str:
+    """The recipe of the models in the table: from scratch (when any was trained), warm-started (with --init_from)."""
+    parts = [config["recipe"]] if config.get("variants") or not config.get("no_bart") else []
+    if config.get("init_from"):
+        parts.append(
+            f"warm starts from {'/'.join(Path(config['init_from']).parts[-2:])} (its sizes and tokenizer): {config['max_steps']} steps, "
+            f"lr {config['warm_learning_rate']}, warm-up {config['warmup_steps']}, batch {config['batch_size']}"
+        )
+    return "; ".join(parts) + ("; bfloat16 mixed precision" if config.get("bf16") else "")
+
+
 def plot(results: dict, path: str) -> None:
     import matplotlib
 
@@ -643,7 +663,7 @@ def plot(results: dict, path: str) -> None:
         if key == "rare_kept" and "human_retention" in results:
             axis.axhline(results["human_retention"]["rare"], color="grey", linestyle=":", label="human references")
             axis.legend(fontsize=8)
-    figure.suptitle(f"{results['config']['data']}, {results['config']['recipe']}", fontsize=9)
+    figure.suptitle(f"{results['config']['data']}; {recipe_line(results['config'])}", fontsize=9)
     figure.savefig(path, dpi=120)
 
 
@@ -653,7 +673,7 @@ def report(results: dict, plot_path: str | None) -> None:
         plot(results, plot_path)
     config = results["config"]
     print(
-        f"Quality on {config['files']['test']} ({config.get('test_pairs', config['max_test_samples'])} pairs); {config['data']}; {config['recipe']}; "
+        f"Quality on {config['files']['test']} ({config.get('test_pairs', config['max_test_samples'])} pairs); {config['data']}; {recipe_line(config)}; "
         f"beam {config['num_beams']}, {config['max_new_tokens']} new tokens"
     )
     print()

@@ -421,3 +421,37 @@ def test_the_trained_checkpoint_is_calibrated_and_its_card_says_what_was_kept(tm
         warnings.simplefilter("error", UserWarning)  # calibrated: novelty decoding has nothing to warn about
         paraphraser = pipeline("text2text-generation", model=str(output), trust_remote_code=True)
         assert paraphraser("what is the capital of france ?", novelty=0.5, num_beams=2, max_new_tokens=4)
+
+
+def test_granularity_learning_rate_trains_only_the_granularity_heads_at_that_rate_on_the_same_schedule(tmp_path):
+    from cdnpg.training.arguments import CDNPGTrainingArguments
+    from cdnpg.training.pipeline import CDNPGTrainer
+
+    model = tiny_model(granularity_mask="resonance")
+    common = dict(output_dir=str(tmp_path), learning_rate=1e-4, warmup_steps=2, weight_decay=0.01, use_cpu=True, eval_strategy="no", save_strategy="no", load_best_model_at_end=False,
+                  report_to="none")  # fmt: skip
+    args = CDNPGTrainingArguments(**common, granularity_learning_rate=3e-3)
+    trainer = CDNPGTrainer(model=model, args=args)
+    trainer.create_optimizer_and_scheduler(num_training_steps=10)
+    names = {id(p): name for name, p in model.named_parameters()}
+    heads = {name for name in names.values() if ".granularity_head." in name}
+    assert len(heads) == 2 * (2 + 2 + 2)  # weight and bias: 2 encoder, 2 decoder self- and 2 cross-attention layers
+    by_rate = {}
+    for group in trainer.optimizer.param_groups:
+        by_rate.setdefault(group["initial_lr"] if group["params"] else None, set()).update(
+            names[id(p)] for p in group["params"]
+        )
+    assert by_rate[3e-3] == heads
+    assert by_rate[1e-4] | heads == set(names.values()) and not by_rate[1e-4] & heads  # every parameter, once
+    assert set(by_rate) <= {1e-4, 3e-3, None}
+    decayed = {names[id(p)] for g in trainer.optimizer.param_groups if g["weight_decay"] for p in g["params"]}
+    assert {name for name in heads if name.endswith("weight")} <= decayed and not {
+        n for n in heads if n.endswith("bias")
+    } & decayed
+    trainer.optimizer.step()  # no gradients: nothing moves; the schedule's order kept
+    trainer.lr_scheduler.step()  # one step into the warm-up: both rates at half their peak
+    rates = sorted({group["lr"] for group in trainer.optimizer.param_groups if group["params"]})
+    assert rates == pytest.approx([0.5e-4, 1.5e-3])
+
+    plain = CDNPGTrainer(model=tiny_model(granularity_mask="resonance"), args=CDNPGTrainingArguments(**common))
+    assert len(plain.create_optimizer().param_groups) == 2  # without it: the Trainer's two groups, one rate

@@ -242,6 +242,14 @@ class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
         default=True,
         metadata={"help": "Kept in the saved config: generation uses the cache; the loss never does."},
     )
+    granularity_learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "Peak learning rate of the granularity heads (W_G of eq. 4), on the same schedule; default: "
+            "learning_rate. A warm start adds them, new, to pretrained weights fine-tuned at a small rate, at which z "
+            "barely leaves the 0.5 it starts from (docs/benchmarks.md, warm start at the recipe's budget)."
+        },
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={

@@ -314,6 +314,23 @@ class CDNPGTrainer(Seq2SeqTrainer):
     def gather_function(self, value) -> None:  # Trainer and Seq2SeqTrainer assign it; the property decides
         pass
 
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        """The Trainer's optimizer; with `granularity_learning_rate`, the granularity heads' parameters move to groups
+        of their own at that rate (their weight decay kept), so the schedule scales them as it scales the rest."""
+        optimizer = super().create_optimizer(model)
+        rate = getattr(self.args, "granularity_learning_rate", None)
+        if rate is None:
+            return optimizer
+        heads = {id(p) for name, p in (model or self.model).named_parameters() if ".granularity_head." in name}
+        for group in list(optimizer.param_groups):
+            moved = [p for p in group["params"] if id(p) in heads]
+            if moved:
+                group["params"] = [p for p in group["params"] if id(p) not in heads]
+                optimizer.add_param_group(
+                    {**{k: v for k, v in group.items() if k != "params"}, "params": moved, "lr": rate}
+                )
+        return optimizer
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call=_internal_call)
         if self.args.should_save and self.processing_class is not None:  # checkpoints come through here too
