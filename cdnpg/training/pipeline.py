@@ -317,7 +317,9 @@ class CDNPGTrainer(Seq2SeqTrainer):
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
         """The Trainer's optimizer; with `granularity_learning_rate`, the granularity heads' parameters move to groups
         of their own at that rate (their weight decay kept), so the schedule scales them as it scales the rest."""
-        optimizer = super().create_optimizer(model)
+        optimizer = (
+            super().create_optimizer(model) if model is not None else super().create_optimizer()
+        )  # 4.57: no arg
         rate = getattr(self.args, "granularity_learning_rate", None)
         if rate is None:
             return optimizer
