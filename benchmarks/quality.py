@@ -42,8 +42,8 @@ Detail retention (`numbers_kept`, `rare_kept`): of the distinct source words tha
 (outside the 1,000 most frequent words of the training sources and targets, numbers excluded), the share that
 reappears in the prediction, pooled over the test pairs; the references are scored the same way (`human_retention`).
 
-`--bf16` trains and decodes every model in bfloat16 mixed precision (the Trainer's autocast): half the step time on a
-CPU with AVX512-BF16 or AMX and on recent GPUs; the weights stay float32.
+`--bf16` trains and decodes every model in bfloat16 mixed precision (the Trainer's autocast): faster on a CPU with
+AVX512-BF16 or AMX and on recent GPUs (not measured by speed.py); the weights stay float32.
 
 Results: `--output_dir/results.json` (rewritten after every model: per model and seed, all metrics (among them
 `copy_rate`, the share of exact copies, and the detail retention), the number of steps, the training time per step, the best validation loss
@@ -225,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--bf16",
         action="store_true",
-        help="bfloat16 mixed precision (the Trainer's --bf16) for every model: half the step time on a CPU with\n"
+        help="bfloat16 mixed precision (the Trainer's --bf16) for every model: faster on a CPU with\n"
         "AVX512-BF16 or AMX, and on GPUs",
     )
     parser.add_argument("--output_dir", default="runs/quality", help="runs, data splits, results.json")
