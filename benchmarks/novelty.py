@@ -17,6 +17,8 @@ true iBLEU = 0.8 BLEU-4(reference) - 0.2 BLEU-4(source), self-BLEU-4, the exact-
 - `novelty` 0.25, 0.5, 0.75, 1 with the checkpoint's z (calibrated on train.jsonl when the checkpoint is not);
 - the same rule with a uniform weight (`novelty_z_layer=None`: every bigram weighs 1), and with z the wrong way
   round (the mirror image of the calibrated layer), the ablations of z;
+- `keep_details` 0.25, 0.5, 1 on top of `novelty` 0.5, alone at 1, and at 0.5 and 1 with a uniform weight (both rules
+  without z), the pull towards the source's details;
 - transformers' knobs that need no z: `encoder_no_repeat_ngram_size` 2, 3, 4 and `encoder_repetition_penalty` < 1.
 
 Detail retention: of the distinct source words that are numbers, that are rare (outside the 1,000 most frequent words
@@ -58,6 +60,7 @@ from modeling_cdnpg.generation_cdnpg import calibrate_granularity
 ROOT = Path(__file__).resolve().parents[1]
 QUORA = ROOT.parent / "shared" / "data" / "quora"
 NOVELTIES = (0.25, 0.5, 0.75, 1.0)
+KEEPS = (0.25, 0.5, 1.0)  # keep_details on top of novelty 0.5
 DECODING = {"num_beams": 8, "max_new_tokens": 20}
 METRIC_KEYS = ("bleu4", "ibleu", "self_bleu4", "copy_rate")
 RETENTION_KEYS = ("numbers", "rare", "high_z")
@@ -67,6 +70,9 @@ FAMILIES = {  # plot label and style of each family of settings
     "z": ("novelty, z (this work)", "o-"),
     "uniform": ("novelty, uniform weight", "s--"),
     "mirrored": ("novelty, z the wrong way round", "v:"),
+    "keep": ("novelty 0.5 + keep_details, z (this work)", "o-"),
+    "keep_uniform": ("novelty 0.5 + keep_details, uniform weight", "s--"),
+    "keep_alone": ("keep_details alone, z", "D"),
     "no_repeat": ("encoder_no_repeat_ngram_size", "^-."),
     "repetition": ("encoder_repetition_penalty", "d-."),
 }
@@ -125,6 +131,13 @@ def settings(model, quick: bool) -> dict[str, tuple[str, float, dict]]:
                 value,
                 {"novelty": value, "novelty_z_inverted": mirrored},
             )
+    for value in (1.0,) if quick else KEEPS:
+        kwargs = {"novelty": 0.5, "keep_details": value}
+        rows[f"novelty 0.5, keep details {value}"] = ("keep" if has_z else "keep_uniform", value, kwargs)
+        if has_z and value >= 0.5:
+            uniform = {**kwargs, "novelty_z_layer": None}
+            rows[f"novelty 0.5, keep details {value}, uniform"] = ("keep_uniform", value, uniform)
+    rows["keep details 1.0"] = ("keep_alone", 1.0, {"keep_details": 1.0})
     for size in (3,) if quick else (2, 3, 4):
         rows[f"encoder_no_repeat_ngram_size={size}"] = ("no_repeat", size, {"encoder_no_repeat_ngram_size": size})
     for penalty in (0.7,) if quick else (0.9, 0.7, 0.5):

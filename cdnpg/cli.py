@@ -135,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="0 to 1: how far from the input's wording (its template; details are kept); with it, -n diverse "
         "candidates, best first, each followed by its score (default: the model's own decoding). See docs/cli.md",
     )
+    para.add_argument(
+        "--keep-details",
+        type=float,
+        default=None,
+        metavar="X",
+        help="0 to 1: how strongly the input's details (high z: names, numbers, topics) are pulled into the output, "
+        "with or without --novelty (default: not at all). See docs/novelty.md",
+    )
     para.set_defaults(check=check_paraphrase, run=run_paraphrase, parser=para)
 
     gran = commands.add_parser(

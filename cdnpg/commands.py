@@ -109,9 +109,11 @@ def paraphrase(
     max_new_tokens: int | None = None,
     novelty: float | None = None,
     first_index: int = 1,
+    keep_details: float | None = None,
 ) -> list[list[dict[str, str | float]]]:
     """The candidates of each text, through the text2text pipeline (so the command and the pipeline decode and
-    detokenise alike), as one batch: `{"generated_text": ...}`, with `novelty` also `"score"` and its parts.
+    detokenise alike), as one batch: `{"generated_text": ...}`, with `novelty` or `keep_details` also `"score"` and
+    its parts.
 
     A text with nothing to paraphrase (empty, blank, or only unknown tokens: `pipeline_cdnpg.unreadable`) gets none,
     with a warning. Inputs longer than the model takes are truncated to that (not to the paper's 20 tokens), with a
@@ -144,6 +146,8 @@ def paraphrase(
     settings["num_return_sequences"] = num_return_sequences
     if novelty is not None:
         settings["novelty"] = novelty
+    if keep_details is not None:
+        settings["keep_details"] = keep_details
     for offset, candidates in zip(todo, paraphraser(sources, batch_size=len(sources), **settings)):
         for candidate in candidates:  # one line each: no tabs or newlines inside
             candidate["generated_text"] = " ".join(candidate["generated_text"].split())
@@ -198,6 +202,8 @@ def check_paraphrase(args: argparse.Namespace) -> str | None:
         return f"--num-return-sequences must be at least 1, got {args.num_return_sequences}"
     if args.novelty is not None and not 0 <= args.novelty <= 1:
         return f"--novelty must be between 0 and 1, got {args.novelty}"
+    if args.keep_details is not None and not 0 <= args.keep_details <= 1:
+        return f"--keep-details must be between 0 and 1, got {args.keep_details}"
     if not args.novelty and args.num_beams is not None and args.num_return_sequences > args.num_beams:
         return (
             f"--num-return-sequences {args.num_return_sequences} cannot exceed --num-beams {args.num_beams} "
@@ -247,6 +253,7 @@ def run_paraphrase(args: argparse.Namespace) -> int:
                     max_new_tokens=args.max_new_tokens,
                     novelty=args.novelty,
                     first_index=written + 1,
+                    keep_details=args.keep_details,
                 )
                 for message in [str(warning.message) for warning in caught]:
                     if message not in reported:
@@ -268,7 +275,8 @@ def run_paraphrase(args: argparse.Namespace) -> int:
 
 
 def _format(source: str, candidates: list[dict[str, str | float]], jsonl: bool) -> str:
-    """One output line: the candidates separated by tabs, each followed by its score (with --novelty); or JSON."""
+    """One output line: the candidates separated by tabs, each followed by its score (with --novelty or
+    --keep-details); or JSON."""
     texts = [candidate["generated_text"] for candidate in candidates]
     scores = [round(candidate["score"], 4) for candidate in candidates if "score" in candidate]
     if jsonl:

@@ -1,4 +1,4 @@
-"""Granularity-aware paraphrasing: `model.generate(**inputs, novelty=0.5, num_return_sequences=5)`.
+"""Granularity-aware paraphrasing: `model.generate(**inputs, novelty=0.5, keep_details=0.5, num_return_sequences=5)`.
 
 Beam search on a paraphrase model copies much of its input (a quarter of Quora questions come back verbatim), and
 transformers' generic knobs against it (`encoder_no_repeat_ngram_size`, `encoder_repetition_penalty`) treat every
@@ -21,7 +21,13 @@ The rule (reasoning and measurements in docs/novelty.md):
   costs nothing. `SourceNgramPenaltyLogitsProcessor` is this rule for any n-gram size and any weights.
 - A hypothesis that equals the source may not end (`NoCopyLogitsProcessor`), and the source with words appended is a
   candidate only when there is no other, unless `allow_copy=True`.
-- Without z (`granularity_mask="none"`, or `novelty_z_layer=None`) every bigram weighs 1 (for the former, a warning).
+- `keep_details`, the other side of z: a small model trained on little data drops or garbles the source's names and
+  rare words (it keeps a third of them where human paraphrases keep 60%). While decoding, a hypothesis that holds a
+  source token fewer times than the source does gets `keep_details * MAX_BONUS * z` nats added to it, z being that
+  token's (its word's) detail weight: template words are left to `novelty`, details are pulled back in, each as
+  often as the source has it. `DetailBonusLogitsProcessor` is this rule for any weights.
+- Without z (`granularity_mask="none"`, or `novelty_z_layer=None`) every bigram weighs 1 and every source token is
+  kept with weight 1 (for the former, a warning).
 
 Candidates and ranking: with `num_return_sequences=n` > 1 the n candidates come from n beam searches run one after
 another (ceil(num_beams / n) beams each), each penalised also on the bigrams of the candidates already chosen (detail
@@ -30,14 +36,16 @@ with groups decoded in turn rather than in lockstep, so that it runs on the stan
 4.57 and 5.x alike. From every group the best beam that is new (not empty, not chosen before, not the source) is
 kept. Each candidate y of source x is scored
 
-    score = log_likelihood - novelty * MAX_PENALTY * source_overlap
+    score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept
 
 with log_likelihood the mean log p(y_t | y_<t, x) over its tokens (end token included) under the model alone,
-without any penalty (teacher-forced), and source_overlap the mean bigram weight w over its tokens (0 for a token that
-does not continue a source bigram): the quantity the penalised beam search maximises, computed exactly. Candidates
-come back best first, with their scores (`return_dict_in_generate=True`).
+without any penalty (teacher-forced), source_overlap the mean bigram weight w over its tokens (0 for a token that
+does not continue a source bigram) and details_kept the mean detail weight of the owed source tokens it wrote (0 for
+the others): the quantity the beam search with both rules maximises, computed exactly. Candidates come back best
+first, with their scores (`return_dict_in_generate=True`).
 
-`novelty=0` is the model's own decoding, byte for byte: no penalty, no groups, no copy rule, the beams in their order.
+`novelty=0` is the model's own decoding, byte for byte: no penalty, no groups, no copy rule, the beams in their order
+(with `keep_details` above 0, the model's own beam search with the pull towards the details alone).
 The encoder runs once per `generate()` call: its output, expanded by transformers over beams and returned
 sequences, serves every group and the scoring. Copied into every saved checkpoint (remote code): imports only torch
 and transformers.
@@ -57,9 +65,10 @@ from transformers.utils import ModelOutput
 NGRAM_SIZE = 2  # bigrams: a copied source bigram is what makes a paraphrase read as the source
 MAX_PENALTY = 2.0  # nats off a template bigram's second token at novelty 1 (tuned on Quora, docs/novelty.md)
 DIVERSITY_PENALTY = 2.0  # nats off a bigram of an earlier candidate (template tokens), whatever the novelty
+MAX_BONUS = 4.0  # nats added to an owed detail token (z = 1) at keep_details 1 (tuned on Quora, docs/novelty.md)
 NO_Z = (
     "novelty: this model has no granularity heads (granularity_mask='none'), so there is no z to tell template from "
-    "detail: every source bigram is penalised alike (a uniform weight)"
+    "detail: every source bigram is penalised, and every source token kept, alike (a uniform weight)"
 )
 UNCALIBRATED = (
     "novelty: this checkpoint's granularity is not calibrated, so the top encoder layer's z is used as it comes; "
@@ -78,15 +87,18 @@ class CDNPGParaphraseOutput(ModelOutput):
 
     sequences (`(batch * n, length)`): the candidates' ids; a row that could not be filled (fewer distinct
         candidates than asked for) is all padding, with score -inf.
-    sequences_scores (`(batch * n,)`): the ranking score, log_likelihood - novelty * MAX_PENALTY * source_overlap.
+    sequences_scores (`(batch * n,)`): the ranking score, log_likelihood - novelty * MAX_PENALTY * source_overlap
+        + keep_details * MAX_BONUS * details_kept.
     log_likelihoods (`(batch * n,)`): mean log-probability of the candidate's tokens under the model alone.
     source_overlaps (`(batch * n,)`): mean template weight of the source bigrams the candidate repeats, in [0, 1].
+    details_kept (`(batch * n,)`): mean detail weight of the source tokens the candidate keeps, in [0, 1].
     """
 
     sequences: torch.LongTensor | None = None
     sequences_scores: torch.FloatTensor | None = None
     log_likelihoods: torch.FloatTensor | None = None
     source_overlaps: torch.FloatTensor | None = None
+    details_kept: torch.FloatTensor | None = None
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -228,6 +240,39 @@ class NoCopyLogitsProcessor(PerInputLogitsProcessor):
         return scores
 
 
+def earlier_copies(ids: torch.LongTensor) -> torch.Tensor:
+    """(b, s): how many times each token already occurred before it in its row."""
+    return (ids[:, :, None] == ids[:, None, :]).tril(-1).sum(-1)
+
+
+class DetailBonusLogitsProcessor(PerInputLogitsProcessor):
+    """Adds `bonuses[i, j]` to the score of source token `source_ids[i, j]` for a hypothesis of input i that holds
+    that token no more often than the source does before j: a pull towards keeping each of the source's tokens once,
+    as strong as the token is a detail (keep_details, module docstring). Where several source tokens are the same
+    one, the largest bonus still owed applies.
+
+    source_ids (b, s) and bonuses (b, s) are per input; give padding and special tokens bonus 0 (or id -1). It works
+    with any model's `generate()`, e.g. 2 nats towards every source token of a BART (a uniform weight):
+
+        content = attention_mask.bool() & ~torch.isin(input_ids, special_ids)
+        keep = DetailBonusLogitsProcessor(input_ids, 2.0 * content)
+        model.generate(input_ids, attention_mask=attention_mask, logits_processor=[keep], num_beams=4)
+    """
+
+    def __init__(self, source_ids: torch.LongTensor, bonuses: torch.Tensor):
+        super().__init__(
+            targets=source_ids.clamp(min=0),
+            earlier=earlier_copies(source_ids),
+            bonuses=bonuses.masked_fill(source_ids < 0, 0.0),
+        )
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        rows = self.expanded(input_ids.shape[0])
+        held = (input_ids[:, None, :] == rows["targets"][:, :, None]).sum(-1)  # (r, s): copies already generated
+        owed = (held <= rows["earlier"]) * rows["bonuses"].to(scores.dtype)
+        return scores + torch.zeros_like(scores).scatter_reduce_(1, rows["targets"], owed, "amax")
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Scoring candidates
 # ------------------------------------------------------------------------------------------------------------------
@@ -267,6 +312,25 @@ def source_overlaps(sequences, ngrams, weights, eos_token_ids) -> torch.Tensor:
     counted = generated_mask(sequences, eos_token_ids)
     penalties = ngram_penalties(sequences, ngrams, weights)[:, 1:]
     return (penalties * counted).sum(-1) / counted.sum(-1).clamp(min=1)
+
+
+def detail_bonuses(sequences: torch.LongTensor, source_ids: torch.LongTensor, keep: torch.Tensor) -> torch.Tensor:
+    """For each position t of each sequence (r, t), the detail weight `DetailBonusLogitsProcessor` gave token t: the
+    largest `keep` of the source tokens equal to it that were still owed after the tokens before t.
+
+    source_ids (r, s) and keep (r, s) are each row's own (already expanded to the rows).
+    """
+    same = sequences[:, :, None] == source_ids[:, None, :]  # (r, t, s)
+    before = earlier_copies(sequences)  # (r, t): copies of token t generated before it
+    owed = same & (before[:, :, None] <= earlier_copies(source_ids)[:, None, :])
+    return (owed * keep[:, None, :]).amax(-1)
+
+
+def details_kept(sequences, source_ids, keep, eos_token_ids) -> torch.Tensor:
+    """Mean detail weight of the source tokens each sequence keeps, over its generated tokens, in [0, 1]."""
+    counted = generated_mask(sequences, eos_token_ids)
+    bonuses = detail_bonuses(sequences, source_ids, keep)[:, 1:]
+    return (bonuses * counted).sum(-1) / counted.sum(-1).clamp(min=1)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -357,9 +421,10 @@ def _pad_stack(tensors: list[torch.Tensor], value: int | float) -> torch.Tensor:
 
 @dataclass
 class WeighedSource:
-    """A batch of sources read for `novelty`: the encoder's states (which decoding and scoring reuse), each token's
-    detail (z of the chosen layer, per word given the tokenizer; 0 for a uniform weight), the weighted n-grams of
-    `source_ngrams`, and the ids the rules treat as special and as the end."""
+    """A batch of sources read for `novelty` and `keep_details`: the encoder's states (which decoding and scoring
+    reuse), each token's detail (z of the chosen layer, per word given the tokenizer; 0 for a uniform weight), the
+    weighted n-grams of `source_ngrams`, each token's weight to keep (its detail; 1 for a uniform weight; 0 for
+    special tokens and padding), and the ids the rules treat as special and as the end."""
 
     input_ids: torch.LongTensor
     attention_mask: torch.Tensor
@@ -367,6 +432,7 @@ class WeighedSource:
     detail: torch.Tensor
     ngrams: torch.LongTensor
     weights: torch.Tensor
+    keep: torch.Tensor
     special_ids: torch.Tensor
     eos_ids: torch.Tensor
     tokenizer: object = None
@@ -376,8 +442,9 @@ class WeighedSource:
 def weigh_source(
     model, input_ids, attention_mask, config, layer, inverted, tokenizer=None, token_type_ids=None
 ) -> WeighedSource:
-    """Run the encoder once and weigh the source's bigrams by how template-like they are (module docstring):
-    z of encoder layer `layer` (1 - z if `inverted`); a uniform weight without granularity heads or layer."""
+    """Run the encoder once and weigh the source's bigrams by how template-like they are, and its tokens by how much
+    they are details (module docstring): z of encoder layer `layer` (1 - z if `inverted`); a uniform weight without
+    granularity heads or layer."""
     has_z = model.config.granularity_mask != "none"
     encoded = model.get_encoder()(
         input_ids=input_ids,
@@ -401,10 +468,12 @@ def weigh_source(
     if starts is not None:
         detail = word_detail(detail, starts)
     ngrams, weights = source_ngrams(input_ids, attention_mask, detail, special_ids, starts)
+    content = attention_mask.bool() & ~torch.isin(input_ids, special_ids)
+    keep = (detail if has_z and layer is not None else torch.ones_like(detail)) * content
     eos_ids = torch.tensor(_token_ids(config.eos_token_id), device=input_ids.device)
     return WeighedSource(
-        input_ids, attention_mask, encoded.last_hidden_state, detail, ngrams, weights, special_ids, eos_ids, tokenizer,
-        type(encoded),
+        input_ids, attention_mask, encoded.last_hidden_state, detail, ngrams, weights, keep, special_ids, eos_ids,
+        tokenizer, type(encoded),
     )  # fmt: skip
 
 
@@ -512,17 +581,20 @@ def decode_groups(
     return selection.fill(wanted)
 
 
-def score_candidates(model, source: WeighedSource, sequences, novelty) -> tuple[torch.Tensor, ...]:
-    """(score, log_likelihood, source_overlap) of each row of `sequences` (input-major, as many rows per input):
-    score = log_likelihood - novelty * MAX_PENALTY * source_overlap."""
+def score_candidates(model, source: WeighedSource, sequences, novelty, keep_details) -> tuple[torch.Tensor, ...]:
+    """(score, log_likelihood, source_overlap, details_kept) of each row of `sequences` (input-major, as many rows
+    per input): score = log_likelihood - novelty * MAX_PENALTY * source_overlap
+    + keep_details * MAX_BONUS * details_kept."""
     batch = source.input_ids.shape[0]
     rows = torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
     likelihood = log_likelihoods(model, source.states[rows], source.attention_mask[rows], sequences, source.eos_ids)
     overlap = source_overlaps(sequences, source.ngrams[rows], source.weights[rows], source.eos_ids)
-    return likelihood - novelty * MAX_PENALTY * overlap, likelihood, overlap
+    kept = details_kept(sequences, source.input_ids[rows], source.keep[rows], source.eos_ids)
+    score = likelihood - novelty * MAX_PENALTY * overlap + keep_details * MAX_BONUS * kept
+    return score, likelihood, overlap, kept
 
 
-def ranked_candidates(model, source: WeighedSource, chosen, wanted, novelty, pad_token_id, return_dict):
+def ranked_candidates(model, source: WeighedSource, chosen, wanted, novelty, keep_details, pad_token_id, return_dict):
     """The candidates as `wanted` rows per input, best first by their score; a row without a candidate is padding
     with score -inf. One candidate each is returned as it is, scored only for `return_dict`."""
     batch, device = len(chosen), source.input_ids.device
@@ -535,14 +607,14 @@ def ranked_candidates(model, source: WeighedSource, chosen, wanted, novelty, pad
             filled[i * wanted + slot] = True
     if wanted == 1 and not return_dict:
         return sequences
-    score, likelihood, overlap = score_candidates(model, source, sequences, novelty)
+    score, likelihood, overlap, kept = score_candidates(model, source, sequences, novelty, keep_details)
     score, likelihood = score.masked_fill(~filled, -math.inf), likelihood.masked_fill(~filled, -math.inf)
     best_first = score.view(batch, wanted).argsort(dim=-1, descending=True, stable=True)
     order = (best_first + torch.arange(batch, device=device)[:, None] * wanted).flatten()
     if not return_dict:
         return sequences[order]
-    overlap = overlap.masked_fill(~filled, math.nan)
-    return CDNPGParaphraseOutput(sequences[order], score[order], likelihood[order], overlap[order])
+    overlap, kept = overlap.masked_fill(~filled, math.nan), kept.masked_fill(~filled, math.nan)
+    return CDNPGParaphraseOutput(sequences[order], score[order], likelihood[order], overlap[order], kept[order])
 
 
 def paraphrase_generate(
@@ -553,15 +625,19 @@ def paraphrase_generate(
     generation_config: GenerationConfig | None = None,
     logits_processor: LogitsProcessorList | None = None,
     allow_copy: bool = False,
+    keep_details: float = 0.0,
     **kwargs,
 ) -> torch.LongTensor | CDNPGParaphraseOutput:
-    """`generate()` with `novelty` (module docstring); `generate` is the model's standard `GenerationMixin.generate`.
-    Weighs the source (`weigh_source`), decodes the candidate groups (`decode_groups`), and returns the candidates
-    (batch * num_return_sequences, length) best first (`ranked_candidates`), or with `return_dict_in_generate=True`
-    a `CDNPGParaphraseOutput` that adds their scores. `allow_copy=True` lets the source itself be a candidate.
+    """`generate()` with `novelty` and `keep_details` (module docstring); `generate` is the model's standard
+    `GenerationMixin.generate`. Weighs the source (`weigh_source`), decodes the candidate groups (`decode_groups`),
+    and returns the candidates (batch * num_return_sequences, length) best first (`ranked_candidates`), or with
+    `return_dict_in_generate=True` a `CDNPGParaphraseOutput` that adds their scores. `allow_copy=True` lets the
+    source itself be a candidate. With `novelty=0` and `keep_details` above 0 it is the model's own beam search with
+    the pull towards the details alone.
     """
-    if isinstance(novelty, bool) or not isinstance(novelty, (int, float)) or not 0 <= novelty <= 1:
-        raise ValueError(f"novelty must be a number in [0, 1] (0: the model's own decoding), got {novelty!r}")
+    for name, value in (("novelty", novelty), ("keep_details", keep_details)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ValueError(f"{name} must be a number in [0, 1] (0: the model's own decoding), got {value!r}")
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     # n candidates are n searches of their own, so GenerationConfig's check of one search (n <= num_beams) must not
     # see n: it is kept out of the config until the model's own decoding (novelty 0) needs it
@@ -579,7 +655,7 @@ def paraphrase_generate(
     logits_processor = LogitsProcessorList(logits_processor or [])
     if novelty == 0:
         config.num_return_sequences = wanted
-        if not return_dict:  # the model's own decoding, untouched
+        if not return_dict and keep_details == 0:  # the model's own decoding, untouched
             return generate(input_ids, generation_config=config, logits_processor=logits_processor, **model_kwargs)
 
     attention_mask = model_kwargs.pop("attention_mask", None)
@@ -588,11 +664,16 @@ def paraphrase_generate(
     tokenizer = model_kwargs.get("tokenizer")  # generate()'s own (for stop strings); it also tells where words start
     token_type_ids = model_kwargs.pop("token_type_ids", None)
     source = weigh_source(model, input_ids, attention_mask, config, layer, inverted, tokenizer, token_type_ids)
-    if novelty == 0:  # the model's own sequences, in their order, with their scores
+    if keep_details:
+        bonus = DetailBonusLogitsProcessor(source.input_ids, keep_details * MAX_BONUS * source.keep)
+        logits_processor = LogitsProcessorList([*logits_processor, bonus])
+    if novelty == 0:  # the model's own sequences, in their order (with the pull towards the details)
         sequences = beam_search(generate, source, config, logits_processor, model_kwargs)
-        return CDNPGParaphraseOutput(sequences, *score_candidates(model, source, sequences, novelty))
+        if not return_dict:
+            return sequences
+        return CDNPGParaphraseOutput(sequences, *score_candidates(model, source, sequences, novelty, keep_details))
     chosen = decode_groups(generate, source, config, novelty, wanted, allow_copy, logits_processor, model_kwargs)
-    return ranked_candidates(model, source, chosen, wanted, novelty, config.pad_token_id, return_dict)
+    return ranked_candidates(model, source, chosen, wanted, novelty, keep_details, config.pad_token_id, return_dict)
 
 
 def diversity_ngrams(
@@ -613,6 +694,7 @@ def diversity_ngrams(
 
 __all__ = [
     "CDNPGParaphraseOutput",
+    "DetailBonusLogitsProcessor",
     "NoCopyLogitsProcessor",
     "PerInputLogitsProcessor",
     "SourceNgramPenaltyLogitsProcessor",

@@ -1030,19 +1030,38 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
     # --- granularity-aware paraphrasing: the rule, the candidates and their ranking live in generation_cdnpg.py ---
     # An override, not transformers' `custom_generate`: that attaches only to a model loaded from a checkpoint folder
     # (5.x: with trust_remote_code) or to calls naming the repository, so a model built from its config would lose it.
-    def generate(self, *args, novelty: float | None = None, allow_copy: bool = False, **kwargs):
+    def generate(
+        self,
+        *args,
+        novelty: float | None = None,
+        keep_details: float | None = None,
+        allow_copy: bool = False,
+        **kwargs,
+    ):
         """`GenerationMixin.generate`, or with `novelty` in [0, 1] (default: the generation config's `novelty`, if
         any) granularity-aware paraphrasing: source bigrams penalised by how template-like they are (1 - z),
-        diverse candidates, ranked, with their scores (`return_dict_in_generate=True`). `novelty=0` decodes exactly
-        as without it; `allow_copy=True` lets the input itself be a candidate. See `generation_cdnpg.py`."""
+        diverse candidates, ranked, with their scores (`return_dict_in_generate=True`); with `keep_details` in
+        [0, 1] (likewise) source tokens pulled towards the output by how much they are details (z). Both 0 decode
+        exactly as without them; `allow_copy=True` lets the input itself be a candidate. See `generation_cdnpg.py`."""
+        config = kwargs.get("generation_config") or self.generation_config
         if novelty is None:
-            novelty = getattr(kwargs.get("generation_config") or self.generation_config, "novelty", None)
-        if novelty is None:
+            novelty = getattr(config, "novelty", None)
+        if keep_details is None:
+            keep_details = getattr(config, "keep_details", None)
+        if novelty is None and keep_details is None:
             return super().generate(*args, **kwargs)
         from .generation_cdnpg import paraphrase_generate  # here, so that transformers copies it with the model
 
         with torch.no_grad():
-            return paraphrase_generate(self, super().generate, novelty, *args, allow_copy=allow_copy, **kwargs)
+            return paraphrase_generate(
+                self,
+                super().generate,
+                0 if novelty is None else novelty,
+                *args,
+                allow_copy=allow_copy,
+                keep_details=0 if keep_details is None else keep_details,
+                **kwargs,
+            )
 
     # --- end of granularity-aware paraphrasing ---
 

@@ -15,7 +15,7 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 NO_LIMIT = 10**6  # transformers' "no limit" model_max_length is 1e30; anything this large is no real limit
-SCORE_KEYS = ("score", "log_likelihood", "source_overlap")
+SCORE_KEYS = ("score", "log_likelihood", "source_overlap", "details_kept")
 
 
 def unreadable(tokenizer: PreTrainedTokenizerBase, text: str) -> str | None:
@@ -40,8 +40,9 @@ class CDNPGText2TextPipeline(Pipeline):
     Generation keyword arguments (num_beams, num_return_sequences, max_new_tokens, do_sample, ...) are passed through
     to `model.generate()`; unset ones come from the checkpoint's generation_config (beam 8, 20 new tokens). With
     `novelty` (0 to 1, see `generation_cdnpg.py`) the candidates are granularity-aware, diverse, best first, and each
-    also has its `score` and the score's parts `log_likelihood` and `source_overlap`; there may be fewer than
-    `num_return_sequences` when the model finds fewer distinct ones.
+    also has its `score` and the score's parts `log_likelihood`, `source_overlap` and `details_kept`; there may be
+    fewer than `num_return_sequences` when the model finds fewer distinct ones. `keep_details` (0 to 1) pulls the
+    source's details (high z) into the candidates, with or without `novelty`.
 
     An input with nothing to paraphrase (empty, blank, or only tokens the tokenizer does not know) gets an empty list
     and a warning. Inputs longer than the model takes are truncated to what it takes.
@@ -86,13 +87,14 @@ class CDNPGText2TextPipeline(Pipeline):
 
     def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs) -> dict[str, torch.Tensor]:
         batch_size = model_inputs["input_ids"].shape[0]
-        if generate_kwargs.get("novelty") is None:
+        if generate_kwargs.get("novelty") is None and generate_kwargs.get("keep_details") is None:
             output_ids = self.model.generate(**model_inputs, **generate_kwargs)
             return {"output_ids": output_ids.reshape(batch_size, output_ids.shape[0] // batch_size, -1)}
         # the tokenizer tells generate() where words start: a word is never split to avoid the source's wording
         generate_kwargs = {"tokenizer": self.tokenizer, **generate_kwargs, "return_dict_in_generate": True}
         outputs = self.model.generate(**model_inputs, **generate_kwargs)
-        scores = torch.stack([outputs.sequences_scores, outputs.log_likelihoods, outputs.source_overlaps], -1)
+        parts = (outputs.sequences_scores, outputs.log_likelihoods, outputs.source_overlaps, outputs.details_kept)
+        scores = torch.stack(parts, -1)
         return {
             "output_ids": outputs.sequences.reshape(batch_size, -1, outputs.sequences.shape[-1]),
             "scores": scores.reshape(batch_size, -1, len(SCORE_KEYS)),

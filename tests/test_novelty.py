@@ -27,11 +27,15 @@ from cdnpg.data import model_token_ids, template_corpus, train_wordpiece_tokeniz
 from cdnpg.hub import save_checkpoint
 from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGText2TextPipeline
 from modeling_cdnpg.generation_cdnpg import (
+    MAX_BONUS,
     MAX_PENALTY,
+    DetailBonusLogitsProcessor,
     NoCopyLogitsProcessor,
     SourceNgramPenaltyLogitsProcessor,
     calibrate_granularity,
+    detail_bonuses,
     source_ngrams,
+    weigh_source,
     word_starts,
 )
 from modeling_cdnpg.modeling_cdnpg import CDNPGEncoderOutput
@@ -201,6 +205,42 @@ def test_no_copy_rule_forbids_ending_only_an_exact_copy():
     assert processor(torch.tensor([[BOS, 5], [BOS, 5], [BOS, 7], [BOS, 7]]), torch.zeros(4, 10))[0, EOS] == 0
 
 
+def test_detail_bonus_applies_per_input_until_the_hypothesis_holds_as_many_copies_as_the_source():
+    ids = torch.tensor([[5, 7, 5, -1], [9, -1, -1, -1]])  # input 0 holds 5 twice; -1 is padding
+    bonuses = torch.tensor([[3.0, 2.0, 1.0, 9.0], [0.5, 9.0, 9.0, 9.0]])
+    processor = DetailBonusLogitsProcessor(ids, bonuses)
+    rows = torch.tensor([[BOS, 8, 8], [BOS, 5, 8], [BOS, 5, 5], [BOS, 8, 8], [BOS, 9, 8], [BOS, 8, 8]])
+    scores = processor(rows, torch.zeros(6, 12))  # 2 inputs x 3 beams, input-major
+    expected = torch.zeros(6, 12)
+    expected[0, 5], expected[0, 7] = 3.0, 2.0  # nothing held: the larger of 5's two bonuses
+    expected[1, 5], expected[1, 7] = 1.0, 2.0  # one 5 held: the second copy's bonus is still owed
+    expected[2, 7] = 2.0  # both 5s held
+    expected[3, 9] = expected[5, 9] = 0.5  # input 1's own bonus; its padding gives nothing, to no token
+    torch.testing.assert_close(scores, expected)  # row 4 holds input 1's 9: nothing
+
+
+def test_details_kept_counts_exactly_the_bonus_each_generated_token_received():
+    """The scoring's replay (`detail_bonuses`) equals what the processor added at every step, on random sequences."""
+    generator = torch.Generator().manual_seed(0)
+    source = torch.randint(5, 10, (3, 6), generator=generator)
+    keep = torch.rand(3, 6, generator=generator)
+    sequences = torch.cat([torch.full((3, 1), BOS), torch.randint(5, 10, (3, 8), generator=generator)], 1)
+    processor = DetailBonusLogitsProcessor(source, keep)
+    for t in range(1, sequences.shape[1]):
+        added = processor(sequences[:, :t], torch.zeros(3, 12)).gather(1, sequences[:, t : t + 1])[:, 0]
+        torch.testing.assert_close(detail_bonuses(sequences, source, keep)[:, t], added)
+
+
+def test_the_weight_to_keep_is_z_of_content_tokens_and_uniform_without_granularity_heads():
+    ids, mask = sources([5, 8, 9], [8])
+    with_z = weigh_source(Copier(detail={8}), ids, mask, Copier().generation_config, -1, False)
+    assert with_z.keep.tolist() == [[0, 0, 1, 0, 0], [0, 1, 0, 0, 0]], "specials and padding keep nothing"
+    model = tiny_model(granularity_mask="none")
+    with pytest.warns(UserWarning, match="kept, alike"):
+        uniform = weigh_source(model, ids, mask, model.generation_config, -1, False)
+    assert uniform.keep.tolist() == [[0, 1, 1, 1, 0], [0, 1, 0, 0, 0]]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # generate(novelty=...)
 # ---------------------------------------------------------------------------------------------------------------------
@@ -220,11 +260,17 @@ def test_novelty_zero_leaves_the_output_byte_identical(settings):
     model = calibrated(tiny_model())
     ids, mask = sources([5, 6, 7, 8, 9], [10, 11])
     outputs = []
-    for extra in ({}, {"novelty": 0}, {"novelty": 0, "return_dict_in_generate": True}):
+    for extra in (
+        {},
+        {"novelty": 0},
+        {"novelty": 0, "return_dict_in_generate": True},
+        {"keep_details": 0},
+        {"novelty": 0, "keep_details": 0, "return_dict_in_generate": True},
+    ):
         torch.manual_seed(0)
         output = model.generate(ids, attention_mask=mask, max_new_tokens=8, **settings, **extra)
         outputs.append(output if torch.is_tensor(output) else output.sequences)
-    assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[0], outputs[2])
+    assert all(torch.equal(outputs[0], output) for output in outputs[1:])
 
 
 def test_a_high_penalty_removes_template_bigrams_while_a_detail_is_still_copied():
@@ -249,6 +295,34 @@ def test_a_high_penalty_removes_template_bigrams_while_a_detail_is_still_copied(
     assert (6, 8) not in bigrams([BOS, *content(uniform[0])]), "without z, (6, 8) is template like the rest"
 
 
+class Discourage(LogitsProcessor):
+    """Takes `cost` nats off one token at every step: a model that would rather not write it."""
+
+    def __init__(self, token: int, cost: float):
+        self.token, self.cost = token, cost
+
+    def __call__(self, input_ids, scores):
+        scores[:, self.token] -= self.cost
+        return scores
+
+
+def test_keep_details_brings_back_a_detail_the_model_would_drop_by_its_z_and_scores_it():
+    """The copier is made to drop detail 8 (3 nats off it; its second choice costs 0.5). keep_details 1 adds
+    MAX_BONUS x z(8) = 4 nats while 8 is owed: it is kept (4 - 3 > -0.5), and the other tokens are still copied.
+    At keep_details 0.5 (2 nats) it is still dropped, and with z the wrong way round 8 weighs 0."""
+    model = Copier(detail={8}, cost=0.5)
+    ids, mask = sources([5, 6, 8, 9])
+    settings = dict(attention_mask=mask, num_beams=4, max_new_tokens=8, logits_processor=[Discourage(8, 3.0)])
+    assert 8 not in content(model.generate(ids, **settings)[0])
+    kept = model.generate(ids, keep_details=1.0, return_dict_in_generate=True, **settings)
+    assert content(kept.sequences[0]) == [5, 6, 8, 9]
+    assert 8 not in content(model.generate(ids, keep_details=0.5, **settings)[0])
+    assert 8 not in content(model.generate(ids, keep_details=1.0, novelty_z_inverted=True, **settings)[0])
+    # the score is what the search maximised: only 8 of its five tokens (5 6 8 9 [SEP]) was a detail owed
+    torch.testing.assert_close(kept.details_kept[0], torch.tensor(1 / 5))
+    torch.testing.assert_close(kept.sequences_scores[0], kept.log_likelihoods[0] + MAX_BONUS * kept.details_kept[0])
+
+
 def test_the_source_itself_is_never_returned_unless_allowed_nor_with_words_appended_unless_nothing_else():
     model = Copier(detail={5, 6, 7})  # all detail: no penalty at all, only the copy rule
     ids, mask = sources([5, 6, 7])
@@ -260,12 +334,13 @@ def test_the_source_itself_is_never_returned_unless_allowed_nor_with_words_appen
     assert content(allowed[0]) == [5, 6, 7]
 
 
-def test_candidates_are_distinct_never_the_input_and_ranked_by_their_returned_score():
+@pytest.mark.parametrize("keep_details", [0.0, 0.25])
+def test_candidates_are_distinct_never_the_input_and_ranked_by_their_returned_score(keep_details):
     model = Copier(detail={8})
     ids, mask = sources([5, 6, 8, 9], [12, 13])
     out = model.generate(
         ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=0.5, num_return_sequences=3,
-        return_dict_in_generate=True,
+        return_dict_in_generate=True, keep_details=keep_details,
     )  # fmt: skip
     assert out.sequences.shape[0] == 6
     for i, source in enumerate(([5, 6, 8, 9], [12, 13])):
@@ -275,8 +350,9 @@ def test_candidates_are_distinct_never_the_input_and_ranked_by_their_returned_sc
         scores = out.sequences_scores[rows]
         assert (scores[:-1] >= scores[1:]).all(), "best first"
         expected = out.log_likelihoods[rows] - 0.5 * MAX_PENALTY * out.source_overlaps[rows]
-        torch.testing.assert_close(scores, expected)
+        torch.testing.assert_close(scores, expected + keep_details * MAX_BONUS * out.details_kept[rows])
         assert ((out.source_overlaps[rows] >= 0) & (out.source_overlaps[rows] <= 1)).all()
+        assert ((out.details_kept[rows] >= 0) & (out.details_kept[rows] <= 1)).all()
 
 
 def test_more_candidates_than_beams_come_from_as_many_searches_each_with_at_least_one_beam():
@@ -327,6 +403,8 @@ def test_bad_novelty_is_refused_with_its_value():
     for value in (-0.1, 1.5, "high", True):
         with pytest.raises(ValueError, match="novelty must be a number in \\[0, 1\\]"):
             model.generate(ids, attention_mask=mask, novelty=value)
+        with pytest.raises(ValueError, match="keep_details must be a number in \\[0, 1\\]"):
+            model.generate(ids, attention_mask=mask, keep_details=value)
     with pytest.raises(ValueError, match="cannot also give"):
         model.generate(ids, attention_mask=mask, novelty=0.5, output_scores=True, return_dict_in_generate=True)
 
@@ -420,7 +498,9 @@ def test_pipeline_returns_ranked_candidates_with_their_scores(checkpoint):
     )
     candidates = paraphraser(SENTENCE, novelty=0.5, num_return_sequences=3, max_new_tokens=8)
     assert 1 <= len(candidates) <= 3
-    assert all(set(c) == {"generated_text", "score", "log_likelihood", "source_overlap"} for c in candidates)
+    assert all(
+        set(c) == {"generated_text", "score", "log_likelihood", "source_overlap", "details_kept"} for c in candidates
+    )
     scores = [c["score"] for c in candidates]
     assert scores == sorted(scores, reverse=True)
     assert len({c["generated_text"] for c in candidates}) == len(candidates)
@@ -476,6 +556,7 @@ def test_fresh_process_generate_and_pipeline_with_novelty(python, checkpoint, tm
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     inputs = tokenizer([SENTENCE, "what is the best way to travel ?"], return_tensors="pt", padding=True)
     expected = model.generate(**inputs, max_new_tokens=8, novelty=0.5, num_return_sequences=2)
+    kept = model.generate(**inputs, max_new_tokens=8, novelty=0.5, keep_details=0.5, num_return_sequences=2)
     plain = model.generate(**inputs, max_new_tokens=8)
     got = run_isolated(
         python,
@@ -487,17 +568,21 @@ def test_fresh_process_generate_and_pipeline_with_novelty(python, checkpoint, tm
         model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True)
         inputs = tokenizer({[SENTENCE, "what is the best way to travel ?"]!r}, return_tensors="pt", padding=True)
         ids = model.generate(**inputs, max_new_tokens=8, novelty=0.5, num_return_sequences=2).tolist()
-        zero = model.generate(**inputs, max_new_tokens=8, novelty=0).tolist()
+        kept = model.generate(**inputs, max_new_tokens=8, novelty=0.5, keep_details=0.5, num_return_sequences=2)
+        zero = model.generate(**inputs, max_new_tokens=8, novelty=0, keep_details=0).tolist()
         paraphraser = pipeline("text2text-generation", model=path, trust_remote_code=True)
         candidates = paraphraser({SENTENCE!r}, novelty=0.5, num_return_sequences=2, max_new_tokens=8)
-        print(json.dumps({{"ids": ids, "zero": zero, "candidates": candidates, "module": type(model).__module__}}))
+        detailed = paraphraser({SENTENCE!r}, keep_details=0.5, max_new_tokens=8)
+        print(json.dumps({{"ids": ids, "kept": kept.tolist(), "zero": zero, "candidates": candidates,
+                          "detailed": detailed, "module": type(model).__module__}}))
         """,
         cwd=tmp_path,
     )
     assert got["module"].startswith("transformers_modules")
-    assert got["ids"] == expected.tolist()
+    assert got["ids"] == expected.tolist() and got["kept"] == kept.tolist()
     assert got["zero"] == plain.tolist()
     assert 1 <= len(got["candidates"]) <= 2 and all("score" in c for c in got["candidates"])
+    assert len(got["detailed"]) == 1 and "details_kept" in got["detailed"][0]
 
 
 def test_cli_novelty_prints_distinct_candidates_with_their_scores_best_first(checkpoint):
@@ -538,6 +623,22 @@ def test_cli_prints_what_the_pipeline_returns(checkpoint):
 def test_cli_novelty_out_of_range_is_a_usage_error(capsys):
     assert main(["paraphrase", "--model", "m", "text", "--novelty", "1.5"]) == 2
     assert "--novelty must be between 0 and 1" in capsys.readouterr().err
+    assert main(["paraphrase", "--model", "m", "text", "--keep-details", "-0.5"]) == 2
+    assert "--keep-details must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_cli_keep_details_prints_what_the_pipeline_returns_with_its_score(checkpoint):
+    result = run_cli("paraphrase", "--model", str(checkpoint), "--keep-details", "0.5", "--novelty", "0.25",
+                     "--max-new-tokens", "8", SENTENCE)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    paraphraser = CDNPGText2TextPipeline(
+        model=CDNPGForConditionalGeneration.from_pretrained(checkpoint),
+        tokenizer=AutoTokenizer.from_pretrained(checkpoint),
+        device="cpu",
+    )
+    [expected] = paraphraser(SENTENCE, keep_details=0.5, novelty=0.25, max_new_tokens=8)
+    text, score = result.stdout.rstrip("\n").split("\t")
+    assert text == " ".join(expected["generated_text"].split()) and float(score) == round(expected["score"], 3)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -567,12 +668,15 @@ def test_benchmark_quick_scores_every_setting_against_beam_search_and_draws_the_
     results = json.loads((out / "results-report.json").read_text())
     assert results["config"]["pairs"] == 12 and results["config"]["split"] == "report"
     families = {row["family"] for row in results["settings"].values()}
-    assert families == {"beam", "copy_rule", "z", "uniform", "mirrored", "no_repeat", "repetition"}
+    assert families == {
+        "beam", "copy_rule", "z", "uniform", "mirrored", "keep", "keep_uniform", "keep_alone", "no_repeat", "repetition"
+    }  # fmt: skip
     for name, row in results["settings"].items():
         assert all(math.isfinite(row["metrics"][key]) for key in ("bleu4", "ibleu", "self_bleu4", "copy_rate")), name
         assert row["time_s"] > 0
     assert results["settings"]["beam search"]["time_ratio"] == 1
     assert results["settings"]["novelty 0.5"]["metrics"]["copy_rate"] == 0
+    assert results["settings"]["novelty 0.5, keep details 1.0"]["kwargs"] == {"novelty": 0.5, "keep_details": 1.0}
     assert results["anchors"]["copy the source"]["retention"]["rare"] == 100
     assert set(results["candidates"]) == {"beam search (5 best beams)", "novelty 0.5"}
     assert results["candidates"]["novelty 0.5"]["copies_percent"] == 0
