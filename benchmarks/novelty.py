@@ -274,7 +274,10 @@ def plot(results: dict, path: str) -> None:
         rows = [row for row in results["settings"].values() if row["family"] == family]
         if not rows:
             continue
-        if family != "beam":
+        if family in ("keep", "keep_uniform"):  # a curve along keep_details, from novelty 0.5 alone when decoded
+            start = [results["settings"]["novelty 0.5"]] if "novelty 0.5" in results["settings"] else []
+            rows = [*start, *sorted(rows, key=lambda row: row["value"])]
+        elif family != "beam":
             rows = [results["settings"]["beam search"], *sorted(rows, key=lambda row: -row["metrics"]["bleu4"])]
         x = [row["metrics"]["bleu4"] for row in rows]
         size, order = (14, 3) if family == "beam" else (7, 2)
