@@ -106,6 +106,13 @@ class CDNPGParaphraseOutput(ModelOutput):
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def content_tokens(
+    input_ids: torch.LongTensor, attention_mask: torch.Tensor, special_ids: torch.Tensor
+) -> torch.Tensor:
+    """(b, s) bool: the tokens that are text, neither padding nor special."""
+    return attention_mask.bool() & ~torch.isin(input_ids, special_ids)
+
+
 def word_starts(tokenizer, input_ids: torch.LongTensor) -> torch.Tensor:
     """(b, s) bool: whether each token starts a word, i.e. the tokenizer writes a space between it and the token
     before it (special tokens, and the tokens after them, start words). WordPiece's "##" pieces, byte-level BPE's
@@ -220,7 +227,7 @@ class NoCopyLogitsProcessor(PerInputLogitsProcessor):
     """
 
     def __init__(self, source_ids: torch.LongTensor, attention_mask: torch.Tensor, special_ids, eos_token_ids):
-        content = attention_mask.bool() & ~torch.isin(source_ids, special_ids)
+        content = content_tokens(source_ids, attention_mask, special_ids)
         order = torch.sort((~content).int(), dim=1, stable=True).indices  # content tokens first, in their order
         tokens = source_ids.gather(1, order).masked_fill(~content.gather(1, order), -1)
         super().__init__(content=tokens, lengths=content.sum(-1))
@@ -254,8 +261,7 @@ class DetailBonusLogitsProcessor(PerInputLogitsProcessor):
     source_ids (b, s) and bonuses (b, s) are per input; give padding and special tokens bonus 0 (or id -1). It works
     with any model's `generate()`, e.g. 2 nats towards every source token of a BART (a uniform weight):
 
-        content = attention_mask.bool() & ~torch.isin(input_ids, special_ids)
-        keep = DetailBonusLogitsProcessor(input_ids, 2.0 * content)
+        keep = DetailBonusLogitsProcessor(input_ids, 2.0 * content_tokens(input_ids, attention_mask, special_ids))
         model.generate(input_ids, attention_mask=attention_mask, logits_processor=[keep], num_beams=4)
     """
 
@@ -375,7 +381,7 @@ def calibrate_granularity(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_granularities=True
         )
         z = torch.stack(encoded.granularities)  # (layers, b, s)
-        content = batch["attention_mask"].bool() & ~torch.isin(batch["input_ids"], special_ids)
+        content = content_tokens(batch["input_ids"], batch["attention_mask"], special_ids)
         frequent = content & torch.isin(batch["input_ids"], common_ids)
         groups = torch.stack([content & ~frequent, frequent]).float()  # (2, b, s): rare, frequent
         sums = sums + torch.einsum("lbs,gbs->lg", z, groups)
@@ -446,18 +452,19 @@ def weigh_source(
     they are details (module docstring): z of encoder layer `layer` (1 - z if `inverted`); a uniform weight without
     granularity heads or layer."""
     has_z = model.config.granularity_mask != "none"
+    read_z = has_z and layer is not None
     encoded = model.get_encoder()(
         input_ids=input_ids,
         attention_mask=attention_mask,
         token_type_ids=token_type_ids,
-        output_granularities=has_z and layer is not None,
+        output_granularities=read_z,
         return_dict=True,
     )
     if not has_z:
         warnings.warn(NO_Z, UserWarning, stacklevel=4)
     elif layer is not None and not hasattr(config, "novelty_z_layer"):
         warnings.warn(UNCALIBRATED, UserWarning, stacklevel=4)
-    if has_z and layer is not None:
+    if read_z:
         z = encoded.granularities[layer]
         detail = (1 - z if inverted else z).masked_fill(~attention_mask.bool(), 0.0)
     else:
@@ -468,8 +475,7 @@ def weigh_source(
     if starts is not None:
         detail = word_detail(detail, starts)
     ngrams, weights = source_ngrams(input_ids, attention_mask, detail, special_ids, starts)
-    content = attention_mask.bool() & ~torch.isin(input_ids, special_ids)
-    keep = (detail if has_z and layer is not None else torch.ones_like(detail)) * content
+    keep = (detail if read_z else torch.ones_like(detail)) * content_tokens(input_ids, attention_mask, special_ids)
     eos_ids = torch.tensor(_token_ids(config.eos_token_id), device=input_ids.device)
     return WeighedSource(
         input_ids, attention_mask, encoded.last_hidden_state, detail, ngrams, weights, keep, special_ids, eos_ids,
@@ -699,6 +705,7 @@ __all__ = [
     "PerInputLogitsProcessor",
     "SourceNgramPenaltyLogitsProcessor",
     "calibrate_granularity",
+    "content_tokens",
     "paraphrase_generate",
     "source_ngrams",
 ]

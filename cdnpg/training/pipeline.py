@@ -317,9 +317,8 @@ class CDNPGTrainer(Seq2SeqTrainer):
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
         """The Trainer's optimizer; with `granularity_learning_rate`, the granularity heads' parameters move to groups
         of their own at that rate (their weight decay kept), so the schedule scales them as it scales the rest."""
-        optimizer = (
-            super().create_optimizer(model) if model is not None else super().create_optimizer()
-        )  # 4.57: no arg
+        # transformers 4.57's create_optimizer takes no argument
+        optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
         rate = getattr(self.args, "granularity_learning_rate", None)
         if rate is None:
             return optimizer
