@@ -43,7 +43,8 @@ Detail retention (`numbers_kept`, `rare_kept`): of the distinct source words tha
 reappears in the prediction, pooled over the test pairs; the references are scored the same way (`human_retention`).
 
 `--bf16` trains and decodes every model in bfloat16 mixed precision (the Trainer's autocast): faster on a CPU with
-AVX512-BF16 or AMX and on recent GPUs (not measured by speed.py); the weights stay float32.
+AVX512-BF16 or AMX and on recent GPUs (not measured by speed.py), about 15x slower on any other CPU (torch emulates
+bfloat16 there; run.py warns); the weights stay float32.
 
 Results: `--output_dir/results.json` (rewritten after every model: per model and seed, all metrics (among them
 `copy_rate`, the share of exact copies, and the detail retention), the number of steps, the training time per step, the best validation loss
@@ -226,7 +227,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--bf16",
         action="store_true",
         help="bfloat16 mixed precision (the Trainer's --bf16) for every model: faster on a CPU with\n"
-        "AVX512-BF16 or AMX, and on GPUs",
+        "AVX512-BF16 or AMX, and on GPUs; about 15x slower on other CPUs",
     )
     parser.add_argument("--output_dir", default="runs/quality", help="runs, data splits, results.json")
     parser.add_argument("--plot", help="write a bar chart of iBLEU and BLEU-4 per model to this file")

@@ -6,6 +6,7 @@ z of every layer) for any sentence.
     cdnpg granularity --model DIR "how do i learn python ?" --out figure.png --decoder --show
     cdnpg convert facebook/bart-base checkpoints/bart-resonance --granularity-mask resonance
     cdnpg install-wordnet   # WordNet for the METEOR metric, from Debian's packages
+    cdnpg refresh-code DIR  # a checkpoint's model code replaced with this package's (docs/compatibility.md)
 
 Exit codes: 0 success; 1 runtime error (a model or input file that is missing or cannot be loaded, a failure while
 running); 2 usage error (a malformed command line: unknown option, bad value, options that contradict each other,
@@ -36,6 +37,7 @@ from cdnpg.commands import (
     run_granularity,
     run_install_wordnet,
     run_paraphrase,
+    run_refresh_code,
 )
 
 logger = logging.getLogger("cdnpg.cli")  # not __name__: `python -m cdnpg.cli` runs it as __main__
@@ -202,6 +204,17 @@ def build_parser() -> argparse.ArgumentParser:
     wordnet.add_argument("--target", metavar="DIR", help="NLTK data folder (default: nltk_data in this environment)")
     wordnet.add_argument("--source", metavar="DIR", help="Debian's WordNet folder (default: /usr/share/wordnet)")
     wordnet.set_defaults(check=lambda args: None, run=run_install_wordnet, parser=wordnet, verbose=False)
+
+    refresh = commands.add_parser(
+        "refresh-code",
+        help="replace a checkpoint's model code with this package's (weights unchanged)",
+        description="Copy this package's model code (configuration_cdnpg.py, modeling_cdnpg.py, generation_cdnpg.py, "
+        "pipeline_cdnpg.py) into a saved C-DNPG checkpoint folder, which loads it with trust_remote_code. Code saved "
+        "before transformers 5.24 was supported decodes without its cache there. See docs/compatibility.md.",
+    )
+    refresh.add_argument("checkpoint", metavar="DIR", help="the checkpoint folder")
+    refresh.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors")
+    refresh.set_defaults(check=lambda args: None, run=run_refresh_code, parser=refresh)
     return parser
 
 

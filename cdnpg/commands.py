@@ -151,6 +151,14 @@ def paraphrase(
     for offset, candidates in zip(todo, paraphraser(sources, batch_size=len(sources), **settings)):
         for candidate in candidates:  # one line each: no tabs or newlines inside
             candidate["generated_text"] = " ".join(candidate["generated_text"].split())
+        if len(candidates) < num_return_sequences:  # novelty keeps only distinct candidates that are not the input
+            logger.warning(
+                "input %d: %d of %d candidates: the beam searches found no more that differ from each other and from "
+                "the input (more --num-beams may find more)",
+                first_index + offset,
+                len(candidates),
+                num_return_sequences,
+            )
         results[offset] = candidates
     return results
 
@@ -356,6 +364,22 @@ def run_install_wordnet(args: argparse.Namespace) -> int:
         *(["--source", args.source] if args.source else []),
     ]
     return install_wordnet(options)
+
+
+def run_refresh_code(args: argparse.Namespace) -> int:
+    """Replace a checkpoint folder's model code with this package's (`cdnpg.hub.refresh_model_code`)."""
+    from cdnpg.hub import TESTED_TRANSFORMERS, refresh_model_code
+
+    try:
+        changed = refresh_model_code(args.checkpoint)
+    except (FileNotFoundError, ValueError) as error:
+        raise CLIError(str(error)) from None
+    tested = " and ".join(TESTED_TRANSFORMERS)
+    if changed:
+        logger.info("%s: replaced %s (code tested on transformers %s)", args.checkpoint, ", ".join(changed), tested)
+    else:
+        logger.info("%s: its code is already this package's (tested on transformers %s)", args.checkpoint, tested)
+    return 0
 
 
 def check_convert(args: argparse.Namespace) -> str | None:

@@ -13,6 +13,7 @@ This module imports neither torch nor transformers at load time: the command lin
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -43,6 +44,12 @@ CARD_METRICS = [  # (test metric, read from all_results.json as test_<metric>; m
     ("self_bleu4", "self_bleu", "self-BLEU-4 (lower copies less)"),
 ]
 CARD_TAGS = ["paraphrase-generation", "c-dnpg", "granularity-aware-attention", "custom_code"]
+# The transformers releases the model code of this cdnpg was tested on (CI: the newest 5.x and 4.57.x), which every
+# checkpoint's card names. Code saved before transformers 5.24 was supported decodes wrong there (docs/compatibility.md).
+TESTED_TRANSFORMERS = ("4.57.6", "5.24.0")
+# The model code a checkpoint carries (save_pretrained copies it with its relative imports): what refresh_model_code
+# replaces.
+REMOTE_CODE_FILES = ("configuration_cdnpg.py", "modeling_cdnpg.py", "generation_cdnpg.py", "pipeline_cdnpg.py")
 
 
 def resolve_model_source(name_or_path: str | os.PathLike[str]) -> str:
@@ -200,6 +207,8 @@ def render_model_card(
         training_summary=training_summary,
         max_length=max_length,
         warm_start=warm_start,
+        tested_transformers=" and ".join(TESTED_TRANSFORMERS),
+        saved_with=getattr(config, "transformers_version", None),
     )
     return f"{card}\n"  # Jinja drops the template's final newline
 
@@ -253,11 +262,40 @@ def save_checkpoint(
     return target
 
 
+def refresh_model_code(checkpoint: str | os.PathLike) -> list[str]:
+    """Replace the model code a checkpoint folder carries with this package's (weights, configs and tokenizer stay as
+    they are), each file in one atomic step; return the names of the files that changed. Code saved by an earlier
+    cdnpg may not run on a newer transformers: transformers 5.24 renamed the cache argument, and earlier code decodes
+    without its cache there."""
+    folder = Path(checkpoint)
+    config = folder / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{folder}: no config.json, not a checkpoint folder")
+    model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    if model_type != "cdnpg":
+        raise ValueError(f"{folder}: a checkpoint of model_type {model_type!r}, not a C-DNPG ('cdnpg') one")
+    package = resources.files("modeling_cdnpg")
+    changed = []
+    for name in REMOTE_CODE_FILES:
+        code = package.joinpath(name).read_text(encoding="utf-8")
+        target = folder / name
+        if target.is_file() and target.read_text(encoding="utf-8") == code:
+            continue
+        staged = target.with_name(f".{name}.refresh")
+        staged.write_text(code, encoding="utf-8")
+        os.replace(staged, target)
+        changed.append(name)
+    return changed
+
+
 __all__ = [
+    "REMOTE_CODE_FILES",
+    "TESTED_TRANSFORMERS",
     "card_data",
     "checkpoint_name",
     "hub_reachable",
     "model_card_template",
+    "refresh_model_code",
     "render_model_card",
     "resolve_model_source",
     "save_checkpoint",

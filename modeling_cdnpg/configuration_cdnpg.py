@@ -107,7 +107,9 @@ class CDNPGConfig(PretrainedConfig):
     """
 
     model_type = "cdnpg"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    # the output fields Trainer.prediction_step leaves out of the logits: the cache, under its name in transformers
+    # >= 5.24 and before
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "encoder_attention_heads",

@@ -20,7 +20,10 @@ Deliberate differences from the released code, each covered by a test:
   SDPA, flex attention, through transformers' attention interface). The literal eq. 9 ("multiply" mode) runs eager.
 - Decoding is incremental with transformers' caches (dynamic or static): keys and values keep the standard layout,
   z of the cached decoder tokens is kept beside them in a `GranularityCache`, and z of the encoder states (the
-  cross-attention keys) is recomputed at each step from the encoder output.
+  cross-attention keys) is recomputed at each step from the encoder output. The cache is the argument and output
+  field `cache` on transformers >= 5.24 and `past_key_values` before (`CACHE_NAME`); both are taken.
+- A keyword argument the model does not use is an error (`refuse_unused`), never dropped: a renamed argument of a
+  later transformers fails loudly instead of decoding without it.
 
 Shape legend: b batch, h heads, i query positions, j key positions, d model width.
 Supported: transformers 4.57.x and 5.x. This file is copied into every saved checkpoint (remote code), so it imports
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import transformers
 from safetensors import SafetensorError
 from torch import nn
 from torch.nn import functional as F
@@ -49,14 +53,60 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_cdnpg import CDNPGConfig
 
 if TYPE_CHECKING:  # never imported here, but transformers copies a model's relative imports with its remote code
     from .pipeline_cdnpg import CDNPGText2TextPipeline  # noqa: F401
 
+logger = logging.get_logger(__name__)
+
 MASK_FLOOR = 1e-32  # smallest mask value before the log (released code): log(1e-32) ≈ -73.7, i.e. weight ~ 0
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The transformers version: the cache's name, and what every model's forward is passed
+# ------------------------------------------------------------------------------------------------------------------
+
+# transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache` (the old name works, with
+# a deprecation warning, until 5.40); 4.57 knows only `past_key_values`. The model returns the cache under the name
+# of the version it runs on, and takes it under either.
+CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+# What transformers passes to a model's forward beyond its named arguments, which C-DNPG reads elsewhere or has no
+# use for: the output flags (`CDNPGStack.output_flags`), 4.57 generate()'s `cache_position` (positions come from
+# the cache) and the `tokenizer` given to generate() (for stop strings), which 5.24 hands on to the forward.
+PASSED_TO_EVERY_MODEL = frozenset({"output_attentions", "output_hidden_states", "cache_position", "tokenizer"})
+
+
+def refuse_unused(kwargs: dict, forward: str) -> None:
+    """An argument the model does not use is an error, not something to drop: when transformers renames an argument
+    (5.24 renamed `past_key_values` to `cache`), decoding must fail, not run silently without it."""
+    unused = sorted(set(kwargs) - PASSED_TO_EVERY_MODEL)
+    if unused:
+        raise TypeError(
+            f"{forward}() got argument(s) C-DNPG does not use: {', '.join(unused)} (transformers "
+            f"{transformers.__version__}). If transformers passed them, this model's code predates that version: "
+            "update the checkpoint's modeling_cdnpg.py (docs/compatibility.md)."
+        )
+
+
+def takes_cache_by_either_name(forward: Callable) -> Callable:
+    """The forward's `cache` argument, also passed as `past_key_values`: by transformers 4.57's generate(), silently,
+    and by callers of transformers >= 5.24 with its own deprecation warning, as its models do until 5.40."""
+    if CACHE_NAME == "cache":
+        return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache", raise_if_both_names=True)(forward)
+
+    @functools.wraps(forward)
+    def renamed(self, *args, **kwargs):
+        if "past_key_values" in kwargs:
+            if "cache" in kwargs:
+                raise TypeError("pass the cache once: as past_key_values (transformers 4.57) or cache, not both")
+            kwargs["cache"] = kwargs.pop("past_key_values")
+        return forward(self, *args, **kwargs)
+
+    return renamed
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -299,7 +349,7 @@ class GranularityCache(EncoderDecoderCache):
         (without their z) cannot be continued."""
         if cache.get_seq_length() > 0:
             raise ValueError(
-                "past_key_values holds decoder tokens but not their granularity z (eq. 4), which C-DNPG's masks "
+                f"{CACHE_NAME} holds decoder tokens but not their granularity z (eq. 4), which C-DNPG's masks "
                 "need: continue from the cache a C-DNPG forward pass or generate() returned (a GranularityCache)."
             )
         layers = [
@@ -384,17 +434,17 @@ class CDNPGAttention(nn.Module):
         return states.view(*states.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, t, d_head)
 
     def _encoder_keys_and_values(
-        self, encoder_states: torch.Tensor, past_key_values: EncoderDecoderCache | None
+        self, encoder_states: torch.Tensor, cache: EncoderDecoderCache | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention keys and values: projected once, at the first decoding step, then read from the cache."""
-        cache = past_key_values.cross_attention_cache if past_key_values is not None else None
-        if cache is not None and past_key_values.is_updated.get(self.layer_idx):
-            return cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        cross_cache = cache.cross_attention_cache if cache is not None else None
+        if cross_cache is not None and cache.is_updated.get(self.layer_idx):
+            return cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values
         key_states = self._split_heads(self.k_proj(encoder_states))
         value_states = self._split_heads(self.v_proj(encoder_states))
-        if cache is not None:
-            key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
-            past_key_values.is_updated[self.layer_idx] = True
+        if cross_cache is not None:
+            key_states, value_states = cross_cache.update(key_states, value_states, self.layer_idx)
+            cache.is_updated[self.layer_idx] = True
         return key_states, value_states
 
     def forward(
@@ -402,7 +452,7 @@ class CDNPGAttention(nn.Module):
         hidden_states: torch.Tensor,
         layout: AttentionLayout,
         key_value_states: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """hidden_states (b, i, d) -> output (b, i, d), attention weights (b, h, i, j) or None, z of the queries (b, i)."""
@@ -410,20 +460,20 @@ class CDNPGAttention(nn.Module):
         z_query = self.granularity_head(hidden_states) if self.granularity_head is not None else None
 
         if self.is_cross_attention:
-            key_states, value_states = self._encoder_keys_and_values(key_value_states, past_key_values)
+            key_states, value_states = self._encoder_keys_and_values(key_value_states, cache)
             # z of the encoder states is recomputed, not cached: one (b, j, d) x (d,) product per step
             z_key = self.granularity_head(key_value_states) if self.granularity_head is not None else None
         else:
             key_states = self._split_heads(self.k_proj(hidden_states))
             value_states = self._split_heads(self.v_proj(hidden_states))
             z_key = z_query  # the same tokens: one z per token, eq. 4
-            if past_key_values is not None:
+            if cache is not None:
                 cache_kwargs = {"cache_position": layout.query_positions}
-                key_states, value_states = past_key_values.self_attention_cache.update(
+                key_states, value_states = cache.self_attention_cache.update(
                     key_states, value_states, self.layer_idx, cache_kwargs
                 )
                 if z_key is not None:
-                    z_key = past_key_values.update_granularity(z_key, self.layer_idx, cache_kwargs)
+                    z_key = cache.update_granularity(z_key, self.layer_idx, cache_kwargs)
 
         dropout = self.dropout if self.training else 0.0
         multiply = z_query is not None and self.config.granularity_mask_mode == "multiply"
@@ -515,18 +565,18 @@ class CDNPGDecoderLayer(CDNPGLayer):
         encoder_hidden_states: torch.Tensor,
         self_layout: AttentionLayout,
         cross_layout: AttentionLayout,
-        past_key_values: GranularityCache | EncoderDecoderCache | None = None,
+        cache: GranularityCache | EncoderDecoderCache | None = None,
         output_attentions: bool = False,
     ):
         attn_output, self_weights, self_z = self.self_attn(
-            hidden_states, self_layout, past_key_values=past_key_values, output_attentions=output_attentions
+            hidden_states, self_layout, cache=cache, output_attentions=output_attentions
         )
         hidden_states = self.self_attn_layer_norm(hidden_states + self.dropout(attn_output))
         attn_output, cross_weights, cross_z = self.encoder_attn(
             hidden_states,
             cross_layout,
             key_value_states=encoder_hidden_states,
-            past_key_values=past_key_values,
+            cache=cache,
             output_attentions=output_attentions,
         )
         hidden_states = self.encoder_attn_layer_norm(hidden_states + self.dropout(attn_output))
@@ -576,7 +626,7 @@ class CDNPGModelKwargs(TransformersKwargs, total=False):
 
     decoder_input_ids: torch.LongTensor | None
     decoder_attention_mask: torch.Tensor | None
-    past_key_values: EncoderDecoderCache | None
+    cache: EncoderDecoderCache | None
     decoder_inputs_embeds: torch.Tensor | None
     token_type_ids: torch.Tensor | None
     use_cache: bool | None
@@ -594,7 +644,7 @@ class CDNPGPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["CDNPGEncoderLayer", "CDNPGDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = [CACHE_NAME]
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_flash_attn = False  # the granularity term is an additive mask, which flash attention does not take
@@ -652,9 +702,8 @@ class CDNPGStack(CDNPGPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def output_flags(self, kwargs: TransformersKwargs) -> tuple[bool, bool]:
+    def output_flags(self, attentions: bool | None, hidden_states: bool | None) -> tuple[bool, bool]:
         """`output_attentions` and `output_hidden_states` of the call, or the config's where it leaves them out."""
-        attentions, hidden_states = kwargs.get("output_attentions"), kwargs.get("output_hidden_states")
         return (
             self.config.output_attentions if attentions is None else attentions,
             self.config.output_hidden_states if hidden_states is None else hidden_states,
@@ -710,17 +759,20 @@ class CDNPGEncoder(CDNPGStack):
         output_granularities: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        **kwargs: Unpack[TransformersKwargs],
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
     ) -> CDNPGEncoderOutput:
         r"""
         token_type_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): accepted because
             BERT tokenizers return them; C-DNPG has no segment embeddings, so they must be all 0 (one sentence per
             input, no sentence pairs).
         output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer.
-        kwargs: transformers' `output_attentions` and `output_hidden_states` (default: the config's); the rest of
-            what `generate()` passes every encoder is unused.
+        output_attentions, output_hidden_states (`bool`, *optional*): default: the config's.
+
+        No **kwargs: `generate()` hands an encoder that takes them every model kwarg (the Seq2SeqTrainer's `labels`
+        too), and one that does not only those it names.
         """
-        output_attentions, output_hidden_states = self.output_flags(kwargs)
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError(
                 "token_type_ids: C-DNPG has no segment embeddings, so every token must be in segment 0; encode one "
@@ -750,6 +802,7 @@ class CDNPGDecoder(CDNPGStack):
     is_decoder = True
 
     @can_return_tuple
+    @takes_cache_by_either_name
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -757,43 +810,41 @@ class CDNPGDecoder(CDNPGStack):
         *,
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_granularities: bool | None = None,
-        **kwargs: Unpack[TransformersKwargs],
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
     ) -> CDNPGDecoderOutput:
         r"""
         attention_mask (`torch.Tensor` of shape `(batch_size, target_length)`, *optional*): 1 for real decoder
             tokens, covering the cached and the new positions.
-        past_key_values (`EncoderDecoderCache`, *optional*): a cache to extend; an empty transformers cache
-            (dynamic or static) is wrapped into a `GranularityCache`, which the output returns.
-        kwargs: transformers' `output_attentions` and `output_hidden_states` (default: the config's).
+        cache (`EncoderDecoderCache`, *optional*): a cache to extend (also taken as `past_key_values`, its name before
+            transformers 5.24); an empty transformers cache (dynamic or static) is wrapped into a `GranularityCache`,
+            which the output returns.
+        output_attentions, output_hidden_states (`bool`, *optional*): default: the config's.
         """
-        output_attentions, output_hidden_states = self.output_flags(kwargs)
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a cache written inside recomputed layers would be written twice
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise TypeError(
-                f"past_key_values must be an EncoderDecoderCache, got {type(past_key_values).__name__}; "
+                f"{CACHE_NAME} must be an EncoderDecoderCache, got {type(cache).__name__}; "
                 "legacy tuple caches are not supported."
             )
-        if (
-            past_key_values is not None
-            and self.config.granularity_mask != "none"
-            and not isinstance(past_key_values, GranularityCache)
-        ):
-            past_key_values = GranularityCache.wrap(past_key_values)
+        if cache is not None and self.config.granularity_mask != "none" and not isinstance(cache, GranularityCache):
+            cache = GranularityCache.wrap(cache)
 
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past_length = cache.get_seq_length() if cache is not None else 0
         hidden_states, query_positions = self.embed(input_ids, inputs_embeds, past_length)
         batch_size, num_queries = hidden_states.shape[:2]
         device = hidden_states.device
 
         # keys: the cached and new tokens, or every slot of a preallocated (static) cache, later ones masked as future
-        capacity = cache_capacity(past_key_values) if past_key_values is not None else None
+        capacity = cache_capacity(cache) if cache is not None else None
         key_length = capacity if capacity is not None else past_length + num_queries
         if attention_mask is None:
             key_padding = torch.ones(batch_size, key_length, dtype=torch.bool, device=device)
@@ -818,12 +869,12 @@ class CDNPGDecoder(CDNPGStack):
             encoder_hidden_states,
             self_layout,
             cross_layout,
-            past_key_values=past_key_values,
+            cache=cache,
             output_attentions=output_attentions,
         )
         return CDNPGDecoderOutput(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
+            **{CACHE_NAME: cache if use_cache else None},
             hidden_states=all_hidden if output_hidden_states else None,
             attentions=self_attentions if output_attentions else None,
             cross_attentions=cross_attentions if output_attentions else None,
@@ -862,6 +913,7 @@ class CDNPGModel(CDNPGPreTrainedModel):
         return self.encoder
 
     @can_return_tuple
+    @takes_cache_by_either_name
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -869,7 +921,7 @@ class CDNPGModel(CDNPGPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: CDNPGEncoderOutput | tuple | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
@@ -878,11 +930,15 @@ class CDNPGModel(CDNPGPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> CDNPGModelOutput:
         r"""
+        cache (`EncoderDecoderCache`, *optional*): see `CDNPGDecoder.forward` (also taken as `past_key_values`).
         token_type_ids: see `CDNPGEncoder.forward`; ignored when `encoder_outputs` are given.
         output_granularities (`bool`, *optional*): return z (eq. 4) of every layer, e.g. to draw the paper's Figure 2.
-        kwargs: transformers' `output_attentions` and `output_hidden_states`, passed to both stacks; the rest of what
-            `generate()` passes every model (e.g. 4.57's `cache_position`) is unused, positions come from the cache.
+        kwargs: transformers' `output_attentions` and `output_hidden_states`, passed to both stacks, and what
+            `generate()` passes every model and C-DNPG has no use for (`PASSED_TO_EVERY_MODEL`); any other is refused
+            (`refuse_unused`).
         """
+        refuse_unused(kwargs, "CDNPGModel.forward")
+        flags = {name: kwargs.get(name) for name in ("output_attentions", "output_hidden_states")}
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids,
@@ -891,7 +947,7 @@ class CDNPGModel(CDNPGPreTrainedModel):
                 inputs_embeds=inputs_embeds,
                 token_type_ids=token_type_ids,
                 return_dict=True,  # whatever config.return_dict says: the fields are read below
-                **kwargs,
+                **flags,
             )
         elif not isinstance(encoder_outputs, CDNPGEncoderOutput):
             encoder_outputs = CDNPGEncoderOutput(*encoder_outputs)
@@ -901,16 +957,16 @@ class CDNPGModel(CDNPGPreTrainedModel):
             decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache if use_cache is not None else self.config.use_cache,
             output_granularities=output_granularities,
             return_dict=True,
-            **kwargs,
+            **flags,
         )
         return CDNPGModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -958,6 +1014,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         self.generation_config.max_new_tokens = 20
 
     @can_return_tuple
+    @takes_cache_by_either_name
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1044,6 +1101,9 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         [0, 1] (likewise) source tokens pulled towards the output by how much they are details (z). Both 0 decode
         exactly as without them; `allow_copy=True` lets the input itself be a candidate. See `generation_cdnpg.py`."""
         config = kwargs.get("generation_config") or self.generation_config
+        wanted = kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", None))
+        if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1):
+            raise ValueError(f"num_return_sequences must be a positive integer (candidates per input), got {wanted!r}")
         if novelty is None:
             novelty = getattr(config, "novelty", None)
         if keep_details is None:

@@ -2,19 +2,23 @@
 model (weight ties, output flags, the cache layout, static caches and compilation, attention backends,
 logits_to_keep), plus what users of BERT tokenizers need (token_type_ids)."""
 
+import copy
 import inspect
+import re
 import typing
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 from transformers import AttentionInterface, DynamicCache, EncoderDecoderCache, StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGModel
 from modeling_cdnpg import modeling_cdnpg as modeling_module
-from modeling_cdnpg.modeling_cdnpg import GranularityCache
-from tests.conftest import MASKS, tiny_model
+from modeling_cdnpg.modeling_cdnpg import CACHE_NAME, GranularityCache
+from tests.conftest import MASKS, cache_of, tiny_model
 from tests.test_hub import PYTHONS, run_isolated
 from tests.test_modeling import batch
 
@@ -126,14 +130,54 @@ def test_transformers_finds_the_arguments_it_looks_up_by_name():
     torch.testing.assert_close(by_embeds.logits, by_ids)
 
 
-def test_the_encoder_takes_and_ignores_what_generate_passes_every_encoder():
-    """`generate()` hands an encoder that takes **kwargs all of its model kwargs (on 4.57, `cache_position` too)."""
+def test_generate_passes_the_encoder_only_what_it_names_as_the_seq2seq_trainer_calls_it():
+    """`Seq2SeqTrainer.prediction_step` calls `generate(**inputs)` with the labels in them; `generate()` hands an encoder
+    whose forward takes no **kwargs only the arguments it names, so they decode as without labels."""
     model = tiny_model()
     input_ids, attention_mask = batch()
+    labels = torch.randint(3, 60, (3, 4))
+    with_labels = model.generate(input_ids, attention_mask=attention_mask, labels=labels, max_new_tokens=4)
+    assert torch.equal(with_labels, model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=4))
+    with pytest.raises(TypeError, match="labels"):
+        model.get_encoder()(input_ids, attention_mask, labels=labels)
+
+
+@pytest.mark.parametrize("unused", ["kv_cache", "decoder_position_ids", "position_ids"])
+def test_an_argument_the_model_does_not_use_is_refused_naming_it_and_the_transformers_version(unused):
+    """What a later transformers might pass under a new name fails loudly instead of being dropped (5.24's `cache`
+    was dropped, and decoding ran without it)."""
+    model = tiny_model()
+    input_ids, attention_mask = batch()
+    version = re.escape(transformers.__version__)
+    with pytest.raises(
+        TypeError, match=rf"got argument\(s\) C-DNPG does not use: {unused} \(transformers {version}\)"
+    ):
+        model(input_ids, attention_mask, decoder_input_ids=input_ids, **{unused: input_ids})
+
+
+@pytest.mark.transformers_deprecation
+def test_the_cache_is_returned_under_the_installed_transformers_name_and_taken_under_both():
+    """transformers 5.24 renamed `past_key_values` to `cache`: the output field is the installed version's, and the old
+    argument name still works (on 5.24+ with transformers' own deprecation warning), but not both at once."""
+    model = tiny_model(granularity_mask="product")
+    input_ids, attention_mask = batch()
+    decoder_input_ids = torch.randint(3, 60, (3, 6))
     with torch.no_grad():
-        plain = model.get_encoder()(input_ids, attention_mask)
-        extra = model.get_encoder()(input_ids, attention_mask, cache_position=torch.arange(3), use_cache=True)
-    torch.testing.assert_close(extra.last_hidden_state, plain.last_hidden_state)
+        first = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids[:, :4], use_cache=True)
+        # the name transformers' own outputs carry: `cache` from 5.24 on, `past_key_values` before
+        assert CACHE_NAME in first and CACHE_NAME in Seq2SeqLMOutput.__dataclass_fields__
+        steps = {}
+        for name in ("cache", "past_key_values"):
+            cache = copy.deepcopy(cache_of(first))
+            steps[name] = model(
+                attention_mask=attention_mask,
+                encoder_outputs=(first.encoder_last_hidden_state,),
+                decoder_input_ids=decoder_input_ids[:, 4:],
+                **{name: cache},
+            ).logits
+        torch.testing.assert_close(steps["cache"], steps["past_key_values"], atol=0, rtol=0)
+        with pytest.raises((TypeError, ValueError), match="past_key_values"):
+            model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, cache=None, past_key_values=None)
 
 
 def test_return_dict_false_gives_the_tuple_of_the_output():
@@ -156,7 +200,7 @@ def test_cache_keeps_transformers_layout_and_z_beside_it(kind):
     model = tiny_model(granularity_mask=kind)
     input_ids, attention_mask = batch()
     with torch.no_grad():
-        cache = model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :5], use_cache=True).past_key_values
+        cache = cache_of(model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :5], use_cache=True))
     assert isinstance(cache, EncoderDecoderCache)
     heads, head_dim = 4, 8
     for layer in cache.self_attention_cache.layers:
@@ -181,7 +225,7 @@ def test_static_cache_generates_the_ids_of_the_dynamic_cache(kind):
         dynamic = model.generate(input_ids, **kwargs)
         static = model.generate(input_ids, cache_implementation="static", return_dict_in_generate=True, **kwargs)
         assert torch.equal(static.sequences, dynamic), (kind, num_beams)
-        assert isinstance(static.past_key_values.self_attention_cache, StaticCache)
+        assert isinstance(cache_of(static).self_attention_cache, StaticCache)
 
 
 def test_cropped_cache_continues_like_a_full_forward():
@@ -192,13 +236,13 @@ def test_cropped_cache_continues_like_a_full_forward():
     with torch.no_grad():
         full = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, use_cache=False).logits
         first = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, use_cache=True)
-        cache = first.past_key_values
+        cache = cache_of(first)
         cache.crop(-3)  # transformers 5.x: a negative number of tokens to remove
         rest = model(
             attention_mask=attention_mask,
             encoder_outputs=(first.encoder_last_hidden_state,),
             decoder_input_ids=decoder_input_ids[:, 5:],
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         ).logits
     torch.testing.assert_close(rest, full[:, 5:], atol=1e-5, rtol=0)
@@ -210,7 +254,7 @@ def test_a_plain_cache_that_already_holds_tokens_is_refused():
     cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
     cache.self_attention_cache.update(torch.zeros(3, 4, 2, 8), torch.zeros(3, 4, 2, 8), 0)
     with pytest.raises(ValueError, match="granularity z"):
-        model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :1], past_key_values=cache)
+        model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :1], cache=cache)
 
 
 @pytest.mark.parametrize("kind", ["resonance", "product"])
@@ -226,14 +270,14 @@ def test_decoding_step_compiles_with_fullgraph_on_a_static_cache(kind):
         cache = EncoderDecoderCache(
             StaticCache(config=model.config, max_cache_len=8), StaticCache(config=model.config, max_cache_len=7)
         )
-        prefill = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids[:, :1], past_key_values=cache)
-        cache, logits = prefill.past_key_values, [prefill.logits]
+        prefill = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids[:, :1], cache=cache)
+        cache, logits = cache_of(prefill), [prefill.logits]
         for t in range(1, 4):
             out = step(
                 attention_mask=attention_mask,
                 encoder_outputs=(prefill.encoder_last_hidden_state,),
                 decoder_input_ids=decoder_input_ids[:, t : t + 1],
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
             )
             logits.append(out.logits)

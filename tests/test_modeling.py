@@ -6,7 +6,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from modeling_cdnpg import CDNPGConfig, CDNPGForConditionalGeneration, CDNPGModel
 from modeling_cdnpg.modeling_cdnpg import AttentionLayout, CDNPGAttention, shift_tokens_right
-from tests.conftest import BOS, EOS, MASKS, PAD, tiny_config, tiny_model
+from tests.conftest import BOS, EOS, MASKS, PAD, cache_of, tiny_config, tiny_model
 
 GA_MASKS = [m for m in MASKS if m != "none"]
 
@@ -50,10 +50,10 @@ def test_incremental_decoding_with_cache_equals_full_forward(kind, mode):
                 attention_mask=attention_mask,
                 encoder_outputs=encoder_outputs,
                 decoder_input_ids=decoder_input_ids[:, t : t + 1],
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
             )
-            cache = out.past_key_values
+            cache = cache_of(out)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
     assert cache.get_seq_length() == decoder_input_ids.shape[1]
@@ -70,7 +70,7 @@ def test_cache_prefill_then_steps_equals_full_forward():
             attention_mask=attention_mask,
             encoder_outputs=(prefill.encoder_last_hidden_state,),
             decoder_input_ids=decoder_input_ids[:, 5:],
-            past_key_values=prefill.past_key_values,
+            cache=cache_of(prefill),
             use_cache=True,
         )
     torch.testing.assert_close(torch.cat([prefill.logits, rest.logits], dim=1), full, atol=1e-5, rtol=0)
@@ -286,7 +286,8 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     for checkpointing in (False, True):
         model = tiny_model(granularity_mask="product", dropout=0.0, attention_dropout=0.0).train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            # transformers 5.24 renamed gradient_checkpointing_enable; 4.57 has only the old name
+            getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
         model(input_ids, attention_mask, labels=labels).loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[0], grads[1])

@@ -694,3 +694,43 @@ def test_benchmark_settings_decodes_only_those_named_with_beam_search_and_refuse
         SystemExit, match=re.escape("--settings novelty 0.3: not a setting of this model; one of: beam search")
     ):
         novelty.chosen(rows, ["novelty 0.3"])
+
+
+@pytest.mark.parametrize("wanted", [0, -1, 1.5, True])
+def test_a_number_of_candidates_below_one_is_refused_by_generate_and_the_pipeline(checkpoint, wanted):
+    """`num_return_sequences=0` failed deep in beam search ("max(): Expected reduction dim to be specified")."""
+    model = CDNPGForConditionalGeneration.from_pretrained(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    inputs = tokenizer([SENTENCE], return_tensors="pt")
+    with pytest.raises(ValueError, match=rf"num_return_sequences must be a positive integer .*got {wanted!r}"):
+        model.generate(**inputs, num_return_sequences=wanted, max_new_tokens=4)
+    paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device="cpu")
+    with pytest.raises(ValueError, match="num_return_sequences must be a positive integer"):
+        paraphraser(SENTENCE, num_return_sequences=wanted, max_new_tokens=4)
+
+
+def test_the_cli_says_why_an_input_got_fewer_candidates_than_asked(checkpoint, caplog):
+    """Novelty keeps only candidates that differ from each other and from the input, so there may be fewer than -n:
+    the command says so for that input (a pipeline that returns two of five stands in for such a search)."""
+    from cdnpg.commands import paraphrase
+
+    full = CDNPGText2TextPipeline(
+        model=CDNPGForConditionalGeneration.from_pretrained(checkpoint),
+        tokenizer=AutoTokenizer.from_pretrained(checkpoint),
+        device="cpu",
+    )
+
+    class TwoAtMost:
+        model, tokenizer = full.model, full.tokenizer
+
+        def __call__(self, *args, **kwargs):
+            return [candidates[:2] for candidates in full(*args, **kwargs)]
+
+    texts = [SENTENCE, "what is the best way to travel ?"]
+    with caplog.at_level("WARNING", logger="cdnpg"):
+        results = paraphrase(TwoAtMost(), texts, num_return_sequences=5, novelty=0.5, max_new_tokens=8, first_index=3)
+        complete = paraphrase(full, texts, num_return_sequences=2, novelty=0.5, max_new_tokens=8)
+    assert [len(candidates) for candidates in results] == [2, 2] and [len(c) for c in complete] == [2, 2]
+    warned = [record.getMessage() for record in caplog.records]
+    assert [message.split(":")[0] for message in warned] == ["input 3", "input 4"]
+    assert all("2 of 5 candidates" in message and "--num-beams" in message for message in warned)

@@ -3,9 +3,12 @@ failure after training, resume after a kill, and 2-process DDP on CPU."""
 
 import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -316,7 +319,10 @@ def test_two_cpu_processes_report_the_loss_of_one_and_end_with_identical_weights
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no",
     ]  # fmt: skip
-    run(["--output_dir", str(tmp_path / "two"), *common, "--per_device_train_batch_size", "8"], launcher=launcher)
+    two_processes = run(
+        ["--output_dir", str(tmp_path / "two"), *common, "--per_device_train_batch_size", "8"], launcher=launcher
+    )
+    assert "find_unused_parameters" not in two_processes.stderr  # torch's warning at every step, of our setting
     digests = [json.loads((tmp_path / "two" / f"weights-rank{r}.json").read_text()) for r in (0, 1)]
     assert digests[0] == digests[1], "DDP ranks diverged"
     one, two = logged_losses(tmp_path / "one"), logged_losses(tmp_path / "two")
@@ -455,3 +461,103 @@ def test_granularity_learning_rate_trains_only_the_granularity_heads_at_that_rat
 
     plain = CDNPGTrainer(model=tiny_model(granularity_mask="resonance"), args=CDNPGTrainingArguments(**common))
     assert len(plain.create_optimizer().param_groups) == 2  # without it: the Trainer's two groups, one rate
+
+
+AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n"
+AVX512_BF16 = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 avx512f avx512_bf16\n"
+AMX = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n"
+
+
+@pytest.mark.parametrize("cpuinfo, warned", [(AVX2_ONLY, True), (AVX512_BF16, False), (AMX, False), ("", False)])
+@pytest.mark.parametrize("bf16", [True, False])
+def test_bf16_on_a_cpu_that_emulates_it_is_named_in_one_line_with_its_cost_and_remedy(cpuinfo, warned, bf16, caplog):
+    """`--bf16` on a CPU without native bfloat16 ran 15x slower, silently. The CPU's flags are faked both ways; a
+    CPU whose flags cannot be read ("") is not warned about."""
+    from cdnpg.training import check_bf16_on_cpu
+
+    args = parse_args(["--output_dir", "unused", "--use_cpu", "True", "--bf16", str(bf16), "--do_train"])[2]
+    with caplog.at_level("WARNING"):
+        check_bf16_on_cpu(args, cpuinfo)
+    lines = [record.getMessage() for record in caplog.records]
+    if warned and bf16:
+        (line,) = lines
+        assert "without native bfloat16" in line and "15x slower" in line and "Drop --bf16" in line
+        assert "\n" not in line
+    else:
+        assert lines == []
+
+
+def test_ctrl_c_names_the_last_checkpoint_and_the_resume_command_in_one_line(tmp_path):
+    """SIGINT printed a 97-line KeyboardInterrupt traceback; now one line, and the exit code 130 of an interrupt."""
+    output = tmp_path / "out"
+    argv = [*TINY, "--max_steps", "100000", "--do_train", "--output_dir", str(output)]
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "training" / "run.py"), *argv],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        for _ in range(600):  # checkpoints every 5 steps, the first a few seconds in (imports)
+            if list(output.glob("checkpoint-*/trainer_state.json")):
+                break
+            time.sleep(0.2)
+        time.sleep(1)  # into the saves that follow: an interrupted save is never named
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    (line,) = [line for line in stderr.splitlines() if "interrupted" in line]
+    last = line.split("the last checkpoint is ")[1].split(". Resume with: ")[0]
+    assert Path(last).parent == output and (Path(last) / "trainer_state.json").is_file()
+    command = shlex.split(line.split("Resume with: ")[1])
+    assert command[-2:] == ["--resume_from_checkpoint", last] and command[0] == "python"
+    assert command[1].endswith("run.py") and command[2:-2] == argv
+
+
+def test_a_data_file_without_the_named_column_is_one_error_line_naming_it_and_the_flags(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "how do i learn ?", "target": "how can i learn ?"}\n' * 4)
+    result = run(
+        ["--train_file", str(data), "--output_dir", str(tmp_path / "out"), "--do_train", "--max_steps", "1"],
+        script=ROOT / "training" / "run.py",
+        check=False,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "error" in line]
+    assert line.startswith("run.py: error: column 'source' not found in any line of")
+    assert "columns found: ['question', 'target']" in line and "--source_column" in line
+
+
+def test_a_plain_run_logs_no_warning_caused_by_its_own_settings(tmp_path):
+    """The Seq2SeqTrainer wrote GenerationConfig's default max_length beside the checkpoint's max_new_tokens after the
+    first predict batch, and generate() warned at every later one; nothing of the run's own making may warn."""
+    argv = [
+        *TINY,
+        "--template_sizes",
+        "256",
+        "16",
+        "48",
+        "--max_steps",
+        "2",
+        "--do_train",
+        "--do_eval",
+        "--do_predict",
+    ]
+    result = run([*argv, "--output_dir", str(tmp_path / "out")], script=ROOT / "training" / "run.py")
+    for noise in ("seem to have been set", "deprecat", "find_unused_parameters", "pin_memory"):
+        assert noise not in result.stderr.lower(), noise
+    predictions = (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()
+    assert len(predictions) == 48  # three predict batches of 16
+
+
+def test_the_checkpoint_named_after_ctrl_c_is_the_last_one_the_trainer_finished_writing(tmp_path):
+    from cdnpg.training.pipeline import last_complete_checkpoint
+
+    assert last_complete_checkpoint(tmp_path) is None
+    for step, complete in ((5, True), (10, True), (15, False), (9, True)):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        if complete:
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")

@@ -18,7 +18,7 @@ run: they are counted, logged with their line numbers, and returned in the repor
 
 from .corpora import UnknownWordMapper, normalize_text, prepare_quora, prepare_twitter_url
 from .pairs import load_pair_files, write_pair_files
-from .records import FileReport, PairDataReport
+from .records import DataFileError, FileReport, MissingColumnError, PairDataReport
 from .template import SLOT_FILLERS, TEMPLATE_FAMILIES, SlotPool, template_corpus, template_slots, write_template_corpus
 from .tokenizer import (
     MODEL_INPUT_NAMES,
@@ -37,7 +37,9 @@ __all__ = [
     "SLOT_FILLERS",
     "SPECIAL_TOKENS",
     "TEMPLATE_FAMILIES",
+    "DataFileError",
     "FileReport",
+    "MissingColumnError",
     "PairDataReport",
     "SlotPool",
     "UnknownWordMapper",

@@ -19,7 +19,16 @@ from datasets import DatasetDict
 from tokenizers import models, normalizers, pre_tokenizers
 from transformers.utils.logging import tqdm
 
-from .records import FileReport, PairDataReport, check_file, check_text, csv_records, pair_dataset
+from .records import (
+    DataFileError,
+    FileReport,
+    MissingColumnError,
+    PairDataReport,
+    check_file,
+    check_text,
+    csv_records,
+    pair_dataset,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +208,7 @@ def prepare_quora(
     path = check_file(raw_path)
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".tsv"):
-        raise ValueError(f"unsupported extension {suffix!r} for {path}; allowed: .csv, .tsv")
+        raise DataFileError(f"unsupported extension {suffix!r} for {path}; allowed: .csv, .tsv")
     clean = _cleaner(normalize, unk_vocab)
     file_report = FileReport(path=str(path))
     report = PairDataReport(files={"quora": file_report})
@@ -209,7 +218,7 @@ def prepare_quora(
         header = header or []
         missing = [name for name in QUORA_COLUMNS if name not in header]
         if missing:
-            raise ValueError(f"{path} lacks the Quora columns {missing}; columns found: {header}")
+            raise MissingColumnError(f"{path} lacks the Quora columns {missing}; columns found: {header}")
         q1, q2, label = (header.index(name) for name in QUORA_COLUMNS)
         for line_number, row, problem in records:
             file_report.records += 1

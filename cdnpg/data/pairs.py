@@ -18,7 +18,16 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset
 
-from .records import MAX_REPORTED_LINES, FileReport, PairDataReport, check_file, check_text, csv_records
+from .records import (
+    MAX_REPORTED_LINES,
+    DataFileError,
+    FileReport,
+    MissingColumnError,
+    PairDataReport,
+    check_file,
+    check_text,
+    csv_records,
+)
 
 PAIR_FILE_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv")
 # one row per record: its first line, the pair (None when malformed) and what is wrong with it (None when usable)
@@ -78,7 +87,7 @@ def _read_json_lines(path: Path, source_column: str, target_column: str) -> Data
         found = sorted({key for keys in objects["keys"] for key in keys})
         for column in (source_column, target_column):
             if column not in found:
-                raise ValueError(f"column {column!r} not found in any line of {path}; columns found: {found}")
+                raise MissingColumnError(f"column {column!r} not found in any line of {path}; columns found: {found}")
     return records.remove_columns("keys")
 
 
@@ -95,7 +104,9 @@ def _read_delimited(path: Path, source_column: str, target_column: str) -> Datas
         header, rows = csv_records(handle, path, delimiter, quoting)
         for column in (source_column, target_column) if header is not None else ():
             if column not in header:
-                raise ValueError(f"column {column!r} not found in the header of {path}; columns found: {header}")
+                raise MissingColumnError(
+                    f"column {column!r} not found in the header of {path}; columns found: {header}"
+                )
         for line, row, problem in rows:
             if problem is not None:
                 pair = _malformed(problem)
@@ -124,7 +135,8 @@ def load_pair_files(
 
     Raises:
         FileNotFoundError: a file does not exist.
-        ValueError: unknown extension, a column absent from the header / from every JSON line, or no usable record.
+        DataFileError: unknown extension, a column absent from the header / from every JSON line, or no usable
+            record.
     """
     result = DatasetDict()
     report = PairDataReport()
@@ -132,7 +144,7 @@ def load_pair_files(
         path = Path(raw_path)
         suffix = path.suffix.lower()
         if suffix not in PAIR_FILE_EXTENSIONS:
-            raise ValueError(
+            raise DataFileError(
                 f"unsupported extension {suffix!r} for {path}; allowed: {', '.join(PAIR_FILE_EXTENSIONS)}"
             )
         path = check_file(path)
@@ -149,7 +161,7 @@ def load_pair_files(
         pairs = records.filter(lambda problem: problem is None, input_columns="problem")
         file_report.records, file_report.malformed, file_report.kept = len(records), len(problems), len(pairs)
         if file_report.records and not len(pairs):
-            raise ValueError(f"no usable pair in {path}, is it the right format? {file_report.summary()}")
+            raise DataFileError(f"no usable pair in {path}, is it the right format? {file_report.summary()}")
         report.split_sizes[split] = len(pairs)
         result[split] = pairs.select_columns(["source", "target"])
     report.log_malformed()

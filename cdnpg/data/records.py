@@ -20,6 +20,17 @@ from transformers.utils.logging import tqdm
 logger = logging.getLogger(__name__)
 
 PAIR_FEATURES = Features({"source": Value("string"), "target": Value("string")})
+
+
+class DataFileError(ValueError):
+    """An input file that cannot be read as pairs at all (its extension, a missing column, no usable record): the
+    message names the file and what was found; `training/run.py` prints it as one line."""
+
+
+class MissingColumnError(DataFileError):
+    """A column the loader was told to read is in no line (or not in the header) of a file."""
+
+
 MAX_REPORTED_LINES = 5  # line numbers quoted per file in warnings; the counts are always complete
 
 

@@ -21,9 +21,9 @@ _EXPORTS = {
     "baselines": ("bart_config_like", "bart_like"),
     "entry": ("cli",),
     "pipeline": (
-        "METRICS_SCRIPT", "CDNPGTrainer", "PostTrainingError", "build_config", "build_model", "data_name",
-        "decoding_config", "load_metric", "load_pairs", "main", "make_trainer", "predict", "prepare_data", "score",
-        "tokenize", "train_and_score", "write_predictions",
+        "METRICS_SCRIPT", "CDNPGTrainer", "PostTrainingError", "TrainingInterrupted", "build_config", "build_model",
+        "check_bf16_on_cpu", "data_name", "decoding_config", "load_metric", "load_pairs", "main", "make_trainer",
+        "predict", "prepare_data", "score", "tokenize", "train_and_score", "write_predictions",
     ),
 }  # fmt: skip
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -2,6 +2,7 @@
 (seconds of imports), so that `--model_name_or_path runs/nonexistent` fails at once, naming the flag; then `main`."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -43,10 +44,15 @@ def cli(argv: list[str] | None = None) -> None:
         except FileNotFoundError as error:
             raise SystemExit(f"{program}: error: --{flag} {error}") from None
 
+    from cdnpg.data import DataFileError
     from cdnpg.training.arguments import UsageError
-    from cdnpg.training.pipeline import PostTrainingError, main
+    from cdnpg.training.pipeline import PostTrainingError, TrainingInterrupted, main
 
     try:
         main(argv)
-    except (UsageError, FileNotFoundError, PostTrainingError) as error:
+    except (UsageError, FileNotFoundError, DataFileError, PostTrainingError) as error:
         raise SystemExit(f"{program}: error: {error}") from None
+    except TrainingInterrupted as stop:  # every process of a launch gets the signal: one line, from the first
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{program}: {stop}", file=sys.stderr)
+        raise SystemExit(130) from None  # 128 + SIGINT, as the shell reports an interrupted command

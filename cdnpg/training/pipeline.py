@@ -2,11 +2,14 @@
 train, save, evaluate, generate and score, in that order, so that the weights are on disk before anything that
 could fail after training (evaluation, scoring, the model card, the push) runs."""
 
+import copy
 import functools
 import json
 import logging
 import os
+import shlex
 import shutil
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,9 +29,12 @@ from transformers import (
     TrainerCallback,
     set_seed,
 )
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from cdnpg.convert import convert
 from cdnpg.data import (
+    MissingColumnError,
     load_pair_files,
     load_tokenizer,
     make_tokenizer_config_portable,
@@ -67,6 +73,37 @@ class PostTrainingError(RuntimeError):
     """A step after the model was saved failed: the message says which, and where the model is."""
 
 
+def last_complete_checkpoint(folder: Path) -> str | None:
+    """The newest checkpoint the Trainer finished writing (its trainer_state.json comes last): Ctrl-C during a save
+    leaves a newer folder without it, which cannot be resumed."""
+    steps = [
+        (int(path.name.removeprefix(PREFIX_CHECKPOINT_DIR + "-")), path)
+        for path in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+        if path.name.removeprefix(PREFIX_CHECKPOINT_DIR + "-").isdigit() and (path / TRAINER_STATE_NAME).is_file()
+    ]
+    return str(max(steps)[1]) if steps else None
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: the message names the last checkpoint and how to resume from it."""
+
+    def __init__(self, output_dir: str, argv: Sequence[str]):
+        folder = Path(output_dir)
+        last = last_complete_checkpoint(folder)
+        if last is None:
+            message = f"interrupted before the first checkpoint in {folder}: nothing to resume, run again"
+        else:
+            given = list(argv)
+            if "--resume_from_checkpoint" in given:  # the flag and its value make way for the new checkpoint
+                at = given.index("--resume_from_checkpoint")
+                del given[at : at + 2]
+            given = [arg for arg in given if not arg.startswith("--resume_from_checkpoint=")]
+            launcher = "<the same launch command>" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python"
+            command = shlex.join([sys.argv[0], *given, "--resume_from_checkpoint", last])
+            message = f"interrupted; the last checkpoint is {last}. Resume with: {launcher} {command}"
+        super().__init__(message)
+
+
 @contextmanager
 def model_kept_on_failure(output_dir: str | os.PathLike, step: str) -> Iterator[None]:
     """Run a step that comes after the model was saved; its failure becomes a `PostTrainingError` saying so."""
@@ -94,6 +131,36 @@ def check_distributed_launch(args: CDNPGTrainingArguments) -> None:
             f"{launched} processes were launched but run as {launched} separate single-process runs writing to the "
             "same output_dir. Without GPUs accelerate runs only DDP on CPUs: launch with "
             "--config_file training/configs/accelerate/ddp.yaml (or --multi_gpu --use_cpu true); FSDP needs GPUs"
+        )
+
+
+# Measured (issue 28): minilm_quora.yaml on an AVX2-only AMD EPYC, 38.7 s per step with --bf16, 2.6 s without
+BF16_EMULATION_COST = "about 15x slower than without (38.7 s against 2.6 s per step of minilm_quora.yaml)"
+
+
+def native_bfloat16_cpu(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU computes bfloat16 natively: the AVX512-BF16 or AMX instructions (x86), or Arm's bf16, as the
+    kernel lists its flags in /proc/cpuinfo (or the `cpuinfo` text given). None where they cannot be read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"}) if flags else None
+
+
+def check_bf16_on_cpu(args: CDNPGTrainingArguments, cpuinfo: str | None = None) -> None:
+    """One line before training when --bf16 runs on a CPU that emulates bfloat16: it trains, but many times slower."""
+    if args.bf16 and args.device.type == "cpu" and native_bfloat16_cpu(cpuinfo) is False:
+        logger.warning(
+            "--bf16 on a CPU without native bfloat16 (no AVX512-BF16 or AMX): torch emulates it, %s. Drop --bf16 "
+            "(or bf16: true in the recipe) to train in fp32 at full speed.",
+            BF16_EMULATION_COST,
         )
 
 
@@ -191,7 +258,15 @@ def load_pairs(args: DataArguments) -> datasets.DatasetDict:
         corpus = template_corpus(num_train=train, num_valid=valid, num_test=test, seed=args.data_seed_split)
     elif args.dataset == "files":
         files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
-        corpus, report = load_pair_files({k: v for k, v in files.items() if v}, args.source_column, args.target_column)
+        try:
+            corpus, report = load_pair_files(
+                {k: v for k, v in files.items() if v}, args.source_column, args.target_column
+            )
+        except MissingColumnError as error:
+            raise UsageError(
+                f"{error}: name the columns with --source_column and --target_column (now {args.source_column!r} "
+                f"and {args.target_column!r})"
+            ) from None
         logger.info("Read pair files: %s", report.to_dict())
     elif args.dataset == "quora_raw":
         corpus, report = prepare_quora(args.quora_file, seed=args.data_seed_split)
@@ -297,6 +372,11 @@ class CDNPGTrainer(Seq2SeqTrainer):
     card: dict | None = None  # `render_model_card`'s keyword arguments, set by `write_model_card`
 
     def __init__(self, *args, **kwargs) -> None:
+        model, training_args = kwargs.get("model"), kwargs.get("args")
+        if training_args is not None and training_args.ddp_find_unused_parameters is None and model is not None:
+            # DDP searches each step's graph for parameters without a gradient only where there are some (torch warns
+            # at every step otherwise): the `shared` embedding of an untied model, which no forward reads
+            training_args.ddp_find_unused_parameters = not model.config.tie_word_embeddings
         super().__init__(*args, **kwargs)
         if self.is_fsdp_enabled:
             share_tied_embedding_modules(self.model)
@@ -338,8 +418,18 @@ class CDNPGTrainer(Seq2SeqTrainer):
             make_tokenizer_config_portable(output_dir or self.args.output_dir)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
-        with fsdp_root_unsharded(self.model):
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        """Seq2SeqTrainer's step, with the model's generation config as it was: transformers 5.24 writes
+        GenerationConfig's defaults into it after each batch (`max_length` 20 among them), and beside the checkpoint's
+        `max_new_tokens` generate() then warned at every later batch that both were set."""
+        config = self.model.generation_config
+        kept = copy.deepcopy(config)
+        try:
+            with fsdp_root_unsharded(self.model):
+                return super().prediction_step(
+                    model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
+                )
+        finally:
+            self.model.generation_config = kept
 
     def _issue_warnings_after_load(self, load_result) -> None:
         """The Trainer's report of a resumed checkpoint, without the tied copies of the embedding (the encoder's and
@@ -502,13 +592,29 @@ def training_summary(
 
 
 def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, float]:
-    """`training/run.py`: parse the flags (or a JSON / YAML file), train, save, score, write the card, push."""
+    """`training/run.py`: parse the flags (or a JSON / YAML file), train, save, score, write the card, push. Ctrl-C
+    raises `TrainingInterrupted`, which names the checkpoint to resume from."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     model_args, data_args, training_args = parse_args(argv)
+    try:
+        return run(model_args, data_args, training_args, callbacks)
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(training_args.output_dir, argv) from None
+
+
+def run(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: CDNPGTrainingArguments,
+    callbacks: Sequence[TrainerCallback] = (),
+) -> dict[str, float]:
+    """`main` after parsing the flags."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     logger.setLevel(training_args.get_process_log_level())
     check_stages(model_args, training_args)
     check_distributed_launch(training_args)
+    check_bf16_on_cpu(training_args)
     prepare_output_dir(
         training_args,
         inputs=[
