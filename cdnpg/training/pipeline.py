@@ -373,10 +373,11 @@ class CDNPGTrainer(Seq2SeqTrainer):
 
     def __init__(self, *args, **kwargs) -> None:
         model, training_args = kwargs.get("model"), kwargs.get("args")
-        if training_args is not None and training_args.ddp_find_unused_parameters is None and model is not None:
+        tied = getattr(getattr(model, "config", None), "tie_word_embeddings", None)  # None: not C-DNPG (bert2bert)
+        if training_args is not None and training_args.ddp_find_unused_parameters is None and tied is not None:
             # DDP searches each step's graph for parameters without a gradient only where there are some (torch warns
             # at every step otherwise): the `shared` embedding of an untied model, which no forward reads
-            training_args.ddp_find_unused_parameters = not model.config.tie_word_embeddings
+            training_args.ddp_find_unused_parameters = not tied
         super().__init__(*args, **kwargs)
         if self.is_fsdp_enabled:
             share_tied_embedding_modules(self.model)
