@@ -152,7 +152,7 @@ def test_remote_code_decodes_alike_with_and_without_the_cache_in_a_fresh_process
         logging.getLogger("transformers").addHandler(Collect())
         warnings.simplefilter("always")
         modes = {MODES!r}
-        results = {{}}
+        results, static_types = {{}}, {{}}
         with warnings.catch_warnings(record=True) as warned:
             warnings.simplefilter("always")
             for kind in {list(MASKS)!r}:
@@ -169,6 +169,10 @@ def test_remote_code_decodes_alike_with_and_without_the_cache_in_a_fresh_process
                 for mode, settings in modes.items():
                     found[mode] = [run(use_cache=True, **settings), run(use_cache=False, **settings)]
                 found["static"] = [run(cache_implementation="static", num_beams=4), run(use_cache=False, num_beams=4)]
+                with torch.no_grad():
+                    out = model.generate(**inputs, cache_implementation="static", return_dict_in_generate=True)
+                cache = out.cache if "cache" in out else out.past_key_values  # its name on 5.24+ / 4.57
+                static_types[kind] = type(cache.self_attention_cache).__name__
                 found["novelty"] = [
                     run(novelty=0.5, keep_details=1.0, num_return_sequences=3, tokenizer=tokenizer, use_cache=cache)
                     for cache in (True, False)
@@ -178,12 +182,14 @@ def test_remote_code_decodes_alike_with_and_without_the_cache_in_a_fresh_process
                                      for cache in (True, False)]
                 results[kind] = found
         messages += [str(warning.message) for warning in warned]
-        print(json.dumps({{"version": transformers.__version__, "results": results, "messages": messages}}))
+        print(json.dumps({{"version": transformers.__version__, "results": results, "messages": messages,
+                          "static_types": static_types}}))
         """,
         cwd=tmp_path,
         env={"TRANSFORMERS_VERBOSITY": "warning"},
     )
     assert not [message for message in got["messages"] if "deprecat" in message.lower()], got["version"]
+    assert set(got["static_types"].values()) == {"StaticCache"}, got["version"]
     for kind, found in got["results"].items():
         for mode, (cached, uncached) in found.items():
             assert cached == uncached, (got["version"], kind, mode)
