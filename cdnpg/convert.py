@@ -133,12 +133,13 @@ def from_bert(bert: BertModel, cls_token_id: int, sep_token_id: int, **overrides
 
 
 def _load_pretrained(model: CDNPGForConditionalGeneration, state: dict[str, torch.Tensor]):
-    """Load `state` strictly except for what is new: the granularity heads (started near z = 0.5) and, for a BERT
+    """Load `state` strictly except for what is new: the granularity heads (started near z = 0.5), the copy mechanism
+    (when asked for) and, for a BERT
     source, the decoder's cross-attention and the prediction head (`lm_head_transform` and the vocabulary bias), left
     as the model initialised them, as transformers' bert2bert initialises them."""
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
-    new_parts = ("granularity_head", "encoder_attn", "lm_head_transform.", "lm_head.bias")
+    new_parts = ("granularity_head", "encoder_attn", "lm_head_transform.", "lm_head.bias", "copy_mechanism.")
     new = [name for name in missing if name not in tied and not any(part in name for part in new_parts)]
     if unexpected or new:
         raise ValueError(f"weights do not map 1:1: unexpected {sorted(unexpected)}, missing {sorted(new)}")

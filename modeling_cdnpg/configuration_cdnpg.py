@@ -12,6 +12,7 @@ from transformers import PretrainedConfig
 
 GRANULARITY_MASKS = ("resonance", "scope", "product", "mean", "none")
 GRANULARITY_MASK_MODES = ("log_bias", "multiply")
+COPY_MECHANISMS = (None, "learned", "granularity")
 # The text2text-generation pipeline shipped with the model code (pipeline_cdnpg.py, registered with transformers'
 # PIPELINE_REGISTRY too): transformers 5.x has no built-in one, and `pipeline("text2text-generation", model=...,
 # trust_remote_code=True)` looks it up in the saved config.
@@ -92,6 +93,13 @@ class CDNPGConfig(PretrainedConfig):
             layer, `activation_function`, a LayerNorm, and a vocabulary bias on the logits. The paper's model has
             none; a warm start from a BERT-family encoder learns markedly faster with it, as transformers'
             bert2bert (`EncoderDecoderModel`) has it (docs/warm_start.md), so `from_bert` sets it.
+        copy_mechanism (`str`, *optional*):
+            A pointer over the source tokens mixed with the vocabulary distribution, P(y) = (1 - ρ) P_gen(y) +
+            ρ P_copy(y) (the paper's Transformer+Copy baseline of Table 2; DNPG's eq. 8; See et al. 2017):
+            `"learned"` (ρ from the decoder state and the copy context) or `"granularity"` (the copy attention
+            weighted by the source tokens' z and ρ = z of the decoder position, both from the last decoder layer's
+            cross-attention granularity head: details are copied, templates generated; needs granularity heads in
+            cross-attention). `None` (the default, every earlier checkpoint): no copying.
         initializer_range (`float`, defaults to 0.02):
             Standard deviation of the normal initialisation of all weight matrices and embeddings.
         use_cache (`bool`, defaults to `True`):
@@ -141,6 +149,7 @@ class CDNPGConfig(PretrainedConfig):
         cross_attention_granularity: bool = True,
         initializer_range: float = 0.02,
         lm_head_transform: bool = False,
+        copy_mechanism: str | None = None,
         use_cache: bool = True,
         tie_word_embeddings: bool = True,
         **kwargs,
@@ -168,6 +177,7 @@ class CDNPGConfig(PretrainedConfig):
         self.cross_attention_granularity = cross_attention_granularity
         self.initializer_range = initializer_range
         self.lm_head_transform = lm_head_transform
+        self.copy_mechanism = copy_mechanism
         self.use_cache = use_cache  # 5.x's base config no longer sets it from kwargs
         self.tie_word_embeddings = tie_word_embeddings
         # a copy per config: transformers.pipeline rewrites the class names it reads into classes, in place
@@ -183,6 +193,16 @@ class CDNPGConfig(PretrainedConfig):
         if self.granularity_mask_mode not in GRANULARITY_MASK_MODES:
             raise ValueError(
                 f"granularity_mask_mode must be one of {GRANULARITY_MASK_MODES}, got {self.granularity_mask_mode!r}"
+            )
+        if self.copy_mechanism not in COPY_MECHANISMS:
+            raise ValueError(f"copy_mechanism must be one of {COPY_MECHANISMS}, got {self.copy_mechanism!r}")
+        if self.copy_mechanism == "granularity" and (
+            self.granularity_mask == "none" or not self.cross_attention_granularity
+        ):
+            raise ValueError(
+                "copy_mechanism='granularity' reads z of the last decoder layer's cross-attention, which needs "
+                f"granularity heads there: granularity_mask={self.granularity_mask!r} and cross_attention_granularity="
+                f"{self.cross_attention_granularity!r}; use copy_mechanism='learned' for a model without them"
             )
         if not self.scope_epsilon > 0:
             raise ValueError(f"scope_epsilon must be > 0 (eq. 8), got {self.scope_epsilon!r}")
@@ -215,4 +235,4 @@ class CDNPGConfig(PretrainedConfig):
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
 
 
-__all__ = ["GRANULARITY_MASKS", "GRANULARITY_MASK_MODES", "CDNPGConfig"]
+__all__ = ["COPY_MECHANISMS", "GRANULARITY_MASKS", "GRANULARITY_MASK_MODES", "CDNPGConfig"]

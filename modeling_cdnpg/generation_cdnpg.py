@@ -292,10 +292,11 @@ def generated_mask(sequences: torch.LongTensor, eos_token_ids: torch.Tensor) -> 
 
 
 @torch.no_grad()
-def log_likelihoods(model, encoder_states, attention_mask, sequences, eos_token_ids) -> torch.Tensor:
+def log_likelihoods(model, source_ids, encoder_states, attention_mask, sequences, eos_token_ids) -> torch.Tensor:
     """Mean log p(y_t | y_<t, x) over each sequence's generated tokens, teacher-forced, under the model alone.
 
-    encoder_states (r, s, d) and attention_mask (r, s) are already expanded to the rows of `sequences` (r, t).
+    source_ids and attention_mask (r, s) and encoder_states (r, s, d) are already expanded to the rows of
+    `sequences` (r, t); the source ids are where a copy mechanism puts its probabilities.
     """
     targets, counted = sequences[:, 1:], generated_mask(sequences, eos_token_ids)
     chunk = max(1, RESCORE_ELEMENTS // (targets.shape[1] * model.config.vocab_size))
@@ -303,6 +304,7 @@ def log_likelihoods(model, encoder_states, attention_mask, sequences, eos_token_
     for start in range(0, sequences.shape[0], chunk):
         rows = slice(start, start + chunk)
         logits = model(
+            input_ids=source_ids[rows],  # the encoder is not run again: its states are given
             encoder_outputs=(encoder_states[rows],),
             attention_mask=attention_mask[rows],
             decoder_input_ids=sequences[rows, :-1],
@@ -490,7 +492,8 @@ def beam_search(generate, source: WeighedSource, settings, processors, model_kwa
         generation_config=settings,
         logits_processor=LogitsProcessorList(processors),
         attention_mask=source.attention_mask,
-        encoder_outputs=source.output_type(last_hidden_state=source.states),  # new: generate() expands it in place
+        # new: generate() expands it in place; the source ids for a copy mechanism
+        encoder_outputs=source.output_type(last_hidden_state=source.states, source_ids=source.input_ids),
         **model_kwargs,
     )
 
@@ -593,7 +596,9 @@ def score_candidates(model, source: WeighedSource, sequences, novelty, keep_deta
     + keep_details * MAX_BONUS * details_kept."""
     batch = source.input_ids.shape[0]
     rows = torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
-    likelihood = log_likelihoods(model, source.states[rows], source.attention_mask[rows], sequences, source.eos_ids)
+    likelihood = log_likelihoods(
+        model, source.input_ids[rows], source.states[rows], source.attention_mask[rows], sequences, source.eos_ids
+    )
     overlap = source_overlaps(sequences, source.ngrams[rows], source.weights[rows], source.eos_ids)
     kept = details_kept(sequences, source.input_ids[rows], source.keep[rows], source.eos_ids)
     score = likelihood - novelty * MAX_PENALTY * overlap + keep_details * MAX_BONUS * kept

@@ -590,9 +590,12 @@ class CDNPGDecoderLayer(CDNPGLayer):
 
 @dataclass
 class CDNPGEncoderOutput(BaseModelOutput):
-    """`granularities`: z (b, s) of every encoder layer's self-attention, when `output_granularities=True`."""
+    """`granularities`: z (b, s) of every encoder layer's self-attention, when `output_granularities=True`;
+    `source_ids` (b, s): the input ids, with a copy mechanism (which puts its probabilities on them), so that they
+    travel with the encoder states through `generate()`."""
 
     granularities: tuple[torch.FloatTensor, ...] | None = None
+    source_ids: torch.LongTensor | None = None
 
 
 @dataclass
@@ -793,6 +796,7 @@ class CDNPGEncoder(CDNPGStack):
             hidden_states=all_hidden if output_hidden_states else None,
             attentions=attentions if output_attentions else None,
             granularities=z if output_granularities and z[0] is not None else None,
+            source_ids=input_ids if self.config.copy_mechanism is not None else None,
         )
 
 
@@ -993,6 +997,55 @@ class CDNPGPredictionHeadTransform(nn.Module):
         return self.layer_norm(self.activation_fn(self.dense(hidden_states)))
 
 
+class CopyMechanism(nn.Module):
+    """A pointer over the source tokens mixed with the vocabulary distribution (the paper's Transformer+Copy row of
+    Table 2; DNPG's eq. 8; See et al. 2017): P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj, with α_t a
+    one-head attention of the decoder state over the encoder states. Returned as log-probabilities, which pass through
+    log_softmax unchanged, so the loss, label smoothing and every decoding mode read them as logits.
+
+    Gates (`CDNPGConfig.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]) with c_t the copy context; `granularity`,
+    C-DNPG's decomposition decides: α re-weighted by the source tokens' z (details are copied) and ρ_t = z of the
+    decoder position, both from the last decoder layer's cross-attention granularity head.
+    """
+
+    def __init__(self, config: CDNPGConfig):
+        super().__init__()
+        self.scaling = config.d_model**-0.5
+        self.q_proj = nn.Linear(config.d_model, config.d_model)
+        self.k_proj = nn.Linear(config.d_model, config.d_model)
+        self.gate_proj = nn.Linear(2 * config.d_model, 1) if config.copy_mechanism == "learned" else None
+
+    def forward(
+        self,
+        logits: torch.Tensor,
+        hidden_states: torch.Tensor,
+        encoder_states: torch.Tensor,
+        source_ids: torch.LongTensor,
+        source_mask: torch.Tensor,
+        z_source: torch.Tensor | None = None,
+        z_target: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """logits (b, i, V) of the vocabulary, decoder states (b, i, d), encoder states (b, j, d), source ids and
+        mask (b, j), z of the source (b, j) and of the decoder positions (b, i) for the granularity gate
+        -> log P(y_t) (b, i, V), in float32."""
+        scores = (self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)).float() * self.scaling
+        if z_source is not None:  # GA: the copy attention leans on the source's details
+            scores = scores + z_source.float().clamp(min=MASK_FLOOR).log()[:, None, :]
+        scores = scores.masked_fill(~source_mask.bool()[:, None, :], torch.finfo(scores.dtype).min)
+        alpha = scores.softmax(-1)  # (b, i, j)
+        if self.gate_proj is not None:
+            context = alpha.to(encoder_states.dtype) @ encoder_states  # (b, i, d)
+            gate = self.gate_proj(torch.cat([hidden_states, context], dim=-1)).float().squeeze(-1)  # (b, i)
+            log_rho, log_not_rho = F.logsigmoid(gate), F.logsigmoid(-gate)
+        else:  # GA: ρ_t = z_t
+            z_target = z_target.float()
+            log_rho, log_not_rho = z_target.clamp(min=MASK_FLOOR).log(), (1 - z_target).clamp(min=MASK_FLOOR).log()
+        copied = torch.zeros_like(logits, dtype=torch.float32)
+        copied = copied.scatter_add(-1, source_ids[:, None, :].expand_as(alpha), alpha)  # repeated tokens add up
+        generated = logits.float().log_softmax(-1) + log_not_rho[..., None]
+        return torch.logaddexp(generated, copied.clamp(min=MASK_FLOOR).log() + log_rho[..., None])
+
+
 class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
     """C-DNPG with a language-modelling head (tied to the shared embedding by default): a paraphrase generator."""
 
@@ -1004,6 +1057,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         # with `lm_head_transform`, BERT's masked-LM head: the transform, the tied projection and a vocabulary bias
         self.lm_head_transform = CDNPGPredictionHeadTransform(config) if config.lm_head_transform else None
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_transform)
+        self.copy_mechanism = CopyMechanism(config) if config.copy_mechanism is not None else None
         # labels are not shifted inside the model (the decoder inputs are): token t of `labels` is predicted at
         # decoder position t, which is transformers' masked-LM loss, not its causal-LM one
         self.loss_type = "ForMaskedLM"
@@ -1044,6 +1098,9 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
             kwargs["use_cache"] = False
             if kwargs.get("decoder_input_ids") is None and kwargs.get("decoder_inputs_embeds") is None:
                 kwargs["decoder_input_ids"] = self.prepare_decoder_input_ids_from_labels(labels)
+        asked_for_z = kwargs.get("output_granularities")
+        if self.config.copy_mechanism == "granularity":
+            kwargs["output_granularities"] = True  # ρ_t is z of the last cross-attention's queries
         outputs = self.model(
             input_ids,
             attention_mask,
@@ -1053,10 +1110,14 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        hidden_states = outputs.last_hidden_state[:, positions]
+        decoder_states = outputs.last_hidden_state[:, positions]
+        hidden_states = decoder_states
         if self.lm_head_transform is not None:
             hidden_states = self.lm_head_transform(hidden_states)
         logits = self.lm_head(hidden_states)
+        if self.copy_mechanism is not None:
+            source_ids = input_ids if input_ids is not None else getattr(encoder_outputs, "source_ids", None)
+            logits = self.copy(logits, decoder_states, outputs, source_ids, attention_mask, positions)
 
         loss = None
         if labels is not None:
@@ -1067,8 +1128,26 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
             )
 
         # everything the bare model returns but its last hidden state, which the logits replace
-        model_outputs = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        left_out = {"last_hidden_state"}
+        if self.config.copy_mechanism == "granularity" and not asked_for_z:  # z computed for the gate alone
+            left_out |= {"encoder_granularities", "decoder_granularities", "cross_granularities"}
+        model_outputs = {name: value for name, value in outputs.items() if name not in left_out}
         return CDNPGSeq2SeqLMOutput(loss=loss, logits=logits, **model_outputs)
+
+    def copy(self, logits, decoder_states, outputs, source_ids, attention_mask, positions) -> torch.Tensor:
+        """The vocabulary logits mixed with the copy distribution (`CopyMechanism`), as log-probabilities."""
+        if source_ids is None:
+            raise ValueError(
+                "copy_mechanism: the copy distribution is put on the source token ids: pass input_ids, or "
+                "encoder_outputs as this model's encoder returns them (with source_ids), not a tuple or embeddings"
+            )
+        encoder_states = outputs.encoder_last_hidden_state
+        mask = attention_mask if attention_mask is not None else torch.ones_like(source_ids)
+        z_source = z_target = None
+        if self.config.copy_mechanism == "granularity":
+            z_source = self.model.decoder.layers[-1].encoder_attn.granularity_head(encoder_states)  # (b, j)
+            z_target = outputs.cross_granularities[-1][:, positions]  # (b, i)
+        return self.copy_mechanism(logits, decoder_states, encoder_states, source_ids, mask, z_source, z_target)
 
     def get_encoder(self) -> CDNPGEncoder:
         """transformers 4.57 has no default. The embedding accessors and `get_decoder` are PreTrainedModel's, which
@@ -1132,6 +1211,7 @@ __all__ = [
     "CDNPGForConditionalGeneration",
     "CDNPGModel",
     "CDNPGPreTrainedModel",
+    "CopyMechanism",
     "GranularityCache",
     "GranularityHead",
     "granularity_mask",

@@ -80,7 +80,9 @@ def tokenizer_dir(tmp_path_factory) -> str:
 PARAPHRASER_STEPS = 250  # the training loss falls from 6 to about 0.2: fluent template paraphrases, seconds per mask
 
 
-def train_tiny_paraphraser(tokenizer, granularity_mask: str, steps: int = PARAPHRASER_STEPS, seed: int = 0):
+def train_tiny_paraphraser(
+    tokenizer, granularity_mask: str, steps: int = PARAPHRASER_STEPS, seed: int = 0, **overrides
+) -> CDNPGForConditionalGeneration:
     """A d 64 C-DNPG trained on 256 template-corpus pairs. A random tiny model repeats one token whatever it sees, so a
     decoder that lost its prefix (a dropped cache) decodes the same; this one writes a different word at each step,
     chosen from all the words before it."""
@@ -102,6 +104,7 @@ def train_tiny_paraphraser(tokenizer, granularity_mask: str, steps: int = PARAPH
         granularity_mask=granularity_mask,
         dropout=0.0,
         attention_dropout=0.0,
+        **overrides,
     )
     model = CDNPGForConditionalGeneration(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -116,14 +119,24 @@ def train_tiny_paraphraser(tokenizer, granularity_mask: str, steps: int = PARAPH
     return model.eval()
 
 
+# paraphrasers with a copy mechanism: name -> (granularity mask, gate); "none" + learned is Transformer+Copy
+COPYING = {"none+copy": ("none", "learned"), "resonance+copy": ("resonance", "learned"),
+           "resonance+granularity copy": ("resonance", "granularity")}  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def paraphrasers(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
-    """Per granularity mask, a tiny trained paraphraser saved as a checkpoint (weights, remote code, tokenizer)."""
+    """Per granularity mask, and per copy setting of `COPYING`, a tiny trained paraphraser saved as a checkpoint
+    (weights, remote code, tokenizer)."""
     from cdnpg.data import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     folder = tmp_path_factory.mktemp("paraphrasers")
-    return {kind: save_checkpoint(train_tiny_paraphraser(tokenizer, kind), tokenizer, folder / kind) for kind in MASKS}
+    kinds = {kind: (kind, None) for kind in MASKS} | COPYING
+    return {
+        kind: save_checkpoint(train_tiny_paraphraser(tokenizer, mask, copy_mechanism=gate), tokenizer, folder / kind)
+        for kind, (mask, gate) in kinds.items()
+    }
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
 from cdnpg.hub import REMOTE_CODE_FILES
 from modeling_cdnpg.modeling_cdnpg import CACHE_NAME
-from tests.conftest import MASKS, ROOT, cache_of
+from tests.conftest import COPYING, MASKS, ROOT, cache_of
 from tests.test_cli import run_cli
 from tests.test_hub import PYTHONS, run_isolated
 
@@ -59,7 +59,7 @@ def newest_token_only_greedy(model, inputs, steps: int) -> torch.Tensor:
     return ids
 
 
-@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize("kind", [*MASKS, *COPYING])
 def test_the_paraphrasers_next_token_depends_on_the_whole_prefix(paraphrasers, kind):
     """What makes the parity tests below able to fail: these models' outputs are not one repeated token, and a
     decoder that sees only the newest token (a dropped cache) writes other outputs."""
@@ -74,7 +74,7 @@ def test_the_paraphrasers_next_token_depends_on_the_whole_prefix(paraphrasers, k
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize("kind", [*MASKS, *COPYING])
 def test_cached_decoding_equals_uncached_decoding(paraphrasers, kind, implementation, mode):
     model, _, inputs = load(paraphrasers[kind])
     model.set_attn_implementation(implementation)
@@ -96,7 +96,7 @@ def test_cached_decoding_equals_uncached_decoding_with_flex_attention(paraphrase
         assert torch.equal(cached.sequences, uncached.sequences), mode
 
 
-@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize("kind", [*MASKS, *COPYING])
 def test_static_cache_decoding_equals_uncached_decoding(paraphrasers, kind):
     from transformers import StaticCache
 
@@ -108,7 +108,7 @@ def test_static_cache_decoding_equals_uncached_decoding(paraphrasers, kind):
         assert isinstance(cache_of(static).self_attention_cache, StaticCache)
 
 
-@pytest.mark.parametrize("kind", ["resonance", "product", "none"])
+@pytest.mark.parametrize("kind", ["resonance", "product", "none", *COPYING])
 def test_novelty_and_keep_details_decode_alike_with_and_without_the_cache(paraphrasers, kind):
     model, tokenizer, inputs = load(paraphrasers[kind])
     settings = dict(novelty=0.5, keep_details=1.0, num_return_sequences=3, tokenizer=tokenizer)

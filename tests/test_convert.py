@@ -396,3 +396,26 @@ def test_untied_embeddings_all_start_from_berts_word_embeddings():
     ]
     assert len({id(module.weight) for module in embeddings}) == 4
     assert all(torch.equal(module.weight, words) for module in embeddings)
+
+
+@pytest.mark.parametrize("gate", ["learned", "granularity"])
+@pytest.mark.parametrize("source", ["bart_dir", "bert_dir"])
+def test_a_warm_start_with_copy_keeps_every_pretrained_weight_and_adds_the_copy_mechanism(source, gate, request):
+    """`convert(..., copy_mechanism=...)` (and so `--init_from ... --copy_mechanism`): the copy attention and gate are
+    the only parts besides the granularity heads (and, from BERT, what bert2bert adds) that the source lacks."""
+    folder = request.getfixturevalue(source)
+    plain, _ = convert(folder, granularity_mask="resonance")
+    copying, _ = convert(folder, granularity_mask="resonance", copy_mechanism=gate)
+    assert copying.config.copy_mechanism == gate
+    copy_weights = {name for name in copying.state_dict() if name.startswith("copy_mechanism.")}
+    expected = {"q_proj", "k_proj"} | ({"gate_proj"} if gate == "learned" else set())
+    assert {name.split(".")[1] for name in copy_weights} == expected
+    pretrained = {name: tensor for name, tensor in plain.state_dict().items() if "granularity_head" not in name}
+    for name, tensor in pretrained.items():
+        if not name.startswith(("model.decoder.layers", "lm_head")) or source == "bart_dir":
+            torch.testing.assert_close(copying.state_dict()[name], tensor, msg=name)
+    input_ids = torch.tensor([[CLS, 5, 6, 7, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            copying(input_ids, decoder_input_ids=input_ids).logits.exp().sum(-1), torch.ones(1, 5)
+        )

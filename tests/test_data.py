@@ -534,3 +534,29 @@ def test_the_papers_bert_tokenizer_returns_no_token_type_ids_loaded_saved_and_re
 def test_load_tokenizer_fails_clearly_on_a_missing_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="no-such-tokenizer"):
         load_tokenizer(tmp_path / "no-such-tokenizer")
+
+
+def test_both_directions_adds_each_pair_reversed_once():
+    from datasets import Dataset
+
+    from cdnpg.data import both_directions
+
+    pairs = Dataset.from_dict({"source": ["a", "c", "d", "e"], "target": ["b", "d", "c", "e"]})
+    doubled = both_directions(pairs)
+    assert list(zip(doubled["source"], doubled["target"])) == [
+        ("a", "b"), ("c", "d"), ("d", "c"), ("e", "e"), ("b", "a"),  # (d, c), (c, d) and (e, e) were there already
+    ]  # fmt: skip
+
+
+def test_the_both_directions_flag_doubles_the_training_split_only():
+    from cdnpg.training import load_pairs, parse_args
+
+    flags = ["--output_dir", "unused", "--do_train", "--template_sizes", "64", "8", "8"]
+    plain = load_pairs(parse_args(flags)[1])
+    doubled = load_pairs(parse_args([*flags, "--both_directions", "True"])[1])
+    assert len(doubled["train"]) == 2 * len(plain["train"])
+    assert doubled["train"][len(plain["train"])] == {
+        "source": plain["train"][0]["target"],
+        "target": plain["train"][0]["source"],
+    }
+    assert doubled["validation"][:] == plain["validation"][:] and doubled["test"][:] == plain["test"][:]

@@ -17,7 +17,7 @@ run: they are counted, logged with their line numbers, and returned in the repor
 """
 
 from .corpora import UnknownWordMapper, normalize_text, prepare_quora, prepare_twitter_url
-from .pairs import load_pair_files, write_pair_files
+from .pairs import both_directions, load_pair_files, write_pair_files
 from .records import DataFileError, FileReport, MissingColumnError, PairDataReport
 from .template import SLOT_FILLERS, TEMPLATE_FAMILIES, SlotPool, template_corpus, template_slots, write_template_corpus
 from .tokenizer import (
@@ -43,6 +43,7 @@ __all__ = [
     "PairDataReport",
     "SlotPool",
     "UnknownWordMapper",
+    "both_directions",
     "load_pair_files",
     "load_tokenizer",
     "make_tokenizer_config_portable",

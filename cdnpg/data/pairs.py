@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset
+from datasets import Dataset, DatasetDict, Features, List, Value, concatenate_datasets, load_dataset
 
 from .records import (
     MAX_REPORTED_LINES,
@@ -166,6 +166,21 @@ def load_pair_files(
         result[split] = pairs.select_columns(["source", "target"])
     report.log_malformed()
     return result, report
+
+
+def both_directions(pairs: Dataset) -> Dataset:
+    """The pairs followed by each pair reversed (target -> source), for a symmetric relation such as Quora's
+    duplicates: twice the training data. A reversed pair already among the pairs is not added twice."""
+    present = set(zip(pairs["source"], pairs["target"]))
+    reverse = pairs.map(
+        lambda batch: {"source": batch["target"], "target": batch["source"]}, batched=True, desc="Reversing pairs"
+    )
+    reverse = reverse.filter(
+        lambda sources, targets: [pair not in present for pair in zip(sources, targets)],
+        input_columns=["source", "target"],
+        batched=True,
+    )
+    return concatenate_datasets([pairs, reverse])
 
 
 def write_pair_files(dataset: DatasetDict, out_dir: str | os.PathLike[str]) -> dict[str, Path]:

@@ -42,6 +42,7 @@ ARCHITECTURE_FLAGS = {
     "attention_heads": ("encoder_attention_heads", "decoder_attention_heads"),
     "ffn_dim": ("encoder_ffn_dim", "decoder_ffn_dim"),
     "dropout": ("dropout", "attention_dropout"),
+    "copy_mechanism": ("copy_mechanism",),
 }
 WARM_START_FLAGS = (
     "granularity_mask",
@@ -49,6 +50,7 @@ WARM_START_FLAGS = (
     "cross_attention_granularity",
     "scope_epsilon",
     "dropout",
+    "copy_mechanism",
 )
 
 
@@ -118,6 +120,13 @@ class ModelArguments:
     dropout: float | None = field(
         default=None, metadata={"help": _default("Dropout on residual branches and attention", PAPER.dropout)}
     )
+    copy_mechanism: str | None = field(
+        default=None,
+        metadata={
+            "help": "Copy source tokens: 'learned' (the paper's Transformer+Copy gate) or 'granularity' (copy what z "
+            "marks as detail; needs granularity heads); None: no copying (CDNPGConfig.copy_mechanism)."
+        },
+    )
     tokenizer_name: str | None = field(
         default=None,
         metadata={"help": "A tokenizer folder or cached name (e.g. bert-base-uncased files); default: train one."},
@@ -184,6 +193,13 @@ class DataArguments:
     max_source_length: int = field(default=20, metadata={"help": "Truncate sources to this many tokens (paper: 20)."})
     max_target_length: int = field(default=20, metadata={"help": "Truncate targets to this many tokens (paper: 20)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training pairs."})
+    both_directions: bool = field(
+        default=False,
+        metadata={
+            "help": "Also train on every training pair reversed (target -> source), after --max_train_samples: for "
+            "symmetric paraphrase data such as Quora's duplicate questions, twice the pairs for free."
+        },
+    )
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only this many validation pairs."})
     max_predict_samples: int | None = field(default=None, metadata={"help": "Keep only this many test pairs."})
     early_stopping_patience: int | None = field(

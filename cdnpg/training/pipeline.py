@@ -35,6 +35,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from cdnpg.convert import convert
 from cdnpg.data import (
     MissingColumnError,
+    both_directions,
     load_pair_files,
     load_tokenizer,
     make_tokenizer_config_portable,
@@ -284,6 +285,8 @@ def load_pairs(args: DataArguments) -> datasets.DatasetDict:
     for split, limit in limits.items():
         if limit is not None and split in corpus:
             corpus[split] = corpus[split].select(range(min(limit, len(corpus[split]))))
+    if args.both_directions and "train" in corpus:
+        corpus["train"] = both_directions(corpus["train"])
     return corpus
 
 
