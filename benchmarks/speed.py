@@ -25,7 +25,7 @@ measurements, with the quartiles to judge the noise. On CPU the clock is the pro
 
 Memory: on CUDA, the peak of one extra call above what was allocated before it (`torch.cuda.max_memory_allocated`
 after `reset_peak_memory_stats`). On CPU it is not measured: torch has no public peak counter for its CPU allocator.
-Where the time goes: benchmarks/speed_profile.py; the figure of a result file: benchmarks/speed_plot.py.
+Where the time goes: benchmarks/speed_profile.py; the table and figure of result files: benchmarks/report.py.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from common import format_table, machine_info, write_json
+from common import machine_info, write_json
+from report import show
 from torch.utils import benchmark
 from transformers import CompileConfig, GenerationConfig
 
@@ -270,16 +271,6 @@ def measure(args, model_kw: dict, length: int, part: str, plan: list[Comparison]
     gc.collect()
 
 
-def table(results: dict) -> str:
-    rows = []
-    for key, r in results["ratios"].items():
-        status = ("PASS" if r["passed"] else "MISS") if "target" in r else "info"
-        memory = f"{r['memory']:.3f}" if "memory" in r else "–"
-        quartiles = f"{r['quartiles'][0]:.3f}–{r['quartiles'][1]:.3f}"
-        rows.append([key, f"{r['value']:.3f}", r.get("target", "–"), status, quartiles, memory])
-    return format_table(["L/ratio", "value", "target", "status", "quartiles", "peak memory"], rows)
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seq-lens", type=int, nargs="+", help="source = target lengths (default 20 64 256)")
@@ -315,6 +306,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(1)  # a thread waiting for a descheduled sibling would inflate small ops many times
     plan = comparisons(args)
     results = {
+        "benchmark": "speed",
         "command": " ".join(["speed.py", *(sys.argv[1:] if argv is None else argv)]),
         "options": vars(args),
         "machine": machine_info(),
@@ -341,7 +333,7 @@ def main(argv=None) -> dict:
               file=sys.stderr)  # fmt: skip
         raise
     benchmark.Compare(results["measurements"]).print()
-    print(table(results))
+    show([results])
     save()
     return results
 
