@@ -94,6 +94,16 @@ def read_runs(paths: list[Path | str]) -> list[dict]:
     return runs
 
 
+def check_setup(path: Path, settings: dict) -> None:
+    """Refuse, before anything is trained or decoded, to add runs of another setup to a runs file: report.py would
+    refuse to average them with those already there."""
+    for run in read_runs([path]) if path.is_file() else []:
+        old = run.get("settings", {})
+        differing = sorted(key for key in old.keys() | settings.keys() if old.get(key) != settings.get(key))
+        if old.keys() == settings.keys() and differing:
+            raise SystemExit(f"{path} holds runs of another setup ({', '.join(differing)} differ): use another folder")
+
+
 def group_runs(runs: list[dict], key: str = "model", replicate: str = "seed") -> dict[str, list[dict]]:
     """Runs grouped by `key` (first appearance first), one per `replicate` (the last run of a seed replaces earlier
     ones). Runs of one group whose settings differ are refused, naming the settings."""

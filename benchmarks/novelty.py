@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from common import DECODING, QUORA, append_run, read_pairs, read_runs, valid_half
+from common import DECODING, QUORA, append_run, check_setup, read_pairs, read_runs, valid_half
 from report import show
 
 import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
@@ -201,12 +201,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     metric = training.load_metric()
     rows = chosen(settings(model, args.quick), args.settings)
 
+    runs_path = out_dir / f"runs-{args.split}.jsonl"
+    setup = {"split": args.split, "pairs": len(pairs), "decoding": DECODING, "batch_size": args.batch_size}
+    check_setup(runs_path, setup)
     predictions, seconds = decode_interleaved(paraphraser, rows, list(pairs["source"]), args)
     details = high_z_words(model, tokenizer, list(pairs["source"]))
     rows |= {"human reference": ("anchor", None, None), "copy the source": ("anchor", None, None)}
     predictions |= {"human reference": pairs["target"], "copy the source": pairs["source"]}
-    runs_path = out_dir / f"runs-{args.split}.jsonl"
-    setup = {"split": args.split, "pairs": len(pairs), "decoding": DECODING, "batch_size": args.batch_size}
     run = {"benchmark": "novelty", "model": str(args.checkpoint), "calibration": calibration, "settings": setup}
     for name, (family, value, kwargs) in rows.items():
         scores = metric.compute(predictions=predictions[name], references=pairs["target"], sources=pairs["source"],

@@ -43,7 +43,7 @@ from pathlib import Path
 import datasets
 import torch
 import transformers
-from common import QUORA, ROOT, append_run, bert2bert, read_pairs, read_runs, valid_half
+from common import QUORA, ROOT, append_run, bert2bert, check_setup, read_pairs, read_runs, valid_half
 from report import show
 
 from cdnpg import training
@@ -289,6 +289,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "num_beams": training_args.generation_num_beams, "max_new_tokens": data_args.max_target_length,
         **{key: getattr(args, key) for key in (*RECIPE, "warm_granularity_learning_rate", "init_from", "bf16")},
     }  # fmt: skip
+    check_setup(runs_path, data)
+    check_setup(runs_path, settings)
     common = common_words([*train_pairs["source"], *train_pairs["target"]])
     details = [detail_words(source, common) for source in test_pairs["source"]]
     anchor = {"benchmark": "quality", "seed": 0, "settings": data}

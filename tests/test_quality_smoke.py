@@ -145,11 +145,14 @@ def load_benchmark(name: str):
 
 def test_variants_given_alone_with_no_bart_trains_nothing_and_scores_the_anchors(tmp_path):
     """`--variants` with no mask trains no model from scratch: with --no_bart and no --init_from, only the anchors
-    (copying the source, the human references) are scored, and no run folder is made."""
+    (copying the source, the human references) are scored, and no run folder is made. Runs of another setup are not
+    added to the same runs.jsonl."""
     quality = load_benchmark("quality")
     runs = quality.main(["--quick", "--variants", "--no_bart", "--output_dir", str(tmp_path)])
     assert [run["model"] for run in runs] == ["human references", "copy-source"]
     assert not list(tmp_path.glob("*-seed*"))
+    with pytest.raises(SystemExit, match=r"runs\.jsonl holds runs of another setup \(test differ\)"):
+        quality.main(["--quick", "--variants", "--no_bart", "--max_test_samples", "5", "--output_dir", str(tmp_path)])
 
 
 def test_bf16_reaches_every_models_trainer_and_a_cpu_is_named_for_it(tmp_path):
