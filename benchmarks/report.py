@@ -90,7 +90,8 @@ def quality(runs: list[dict], plot_path: str | None) -> None:
     trained = [group[0]["settings"] for name, group in groups.items() if name not in ANCHORS]
     settings = trained[0] if trained else runs[0]["settings"]
     title = f"{settings['data']}; {recipe_line(settings)}" if trained else settings["data"]
-    print(f"Quality on {settings['test']}; {title}" + (f"; beam {settings['num_beams']}" if trained else ""))
+    decoding = f"; beam {settings['num_beams']}, {settings['max_new_tokens']} new tokens" if trained else ""
+    print(f"Quality on {settings['test']}; {title}{decoding}")
     rows = []
     for name, group in groups.items():
         cells = [cell(values(group, key)) for key in QUALITY_COLUMNS]

@@ -156,12 +156,25 @@ def test_variants_given_alone_with_no_bart_trains_nothing_and_scores_the_anchors
 
 
 def test_bf16_reaches_every_models_trainer_and_a_cpu_is_named_for_it(tmp_path):
+    """The training arguments run.py builds for every model (from scratch, BART, bert2bert, warm-started) have bf16,
+    and use_cpu on a machine without a GPU (the Trainer asks for it before it autocasts a CPU); without --bf16, none."""
+    import torch
+
+    from cdnpg import training
+    from tests.test_convert import save_with_tokenizer, tiny_bert
+
     quality = load_benchmark("quality")
-    args = quality.parse_args(["--bf16", "--max_steps", "10"])
-    files = {split: tmp_path / f"{split}.jsonl" for split in ("train", "valid", "test")}
-    flags = dict(zip(*[iter(quality.recipe_argv(args, files, tmp_path / "tokenizer", 0, tmp_path / "out"))] * 2))
-    assert flags["--bf16"] == "true" and flags["--use_cpu"] == "true"  # this machine has no GPU
-    assert "--bf16" not in quality.recipe_argv(quality.parse_args([]), files, tmp_path, 0, tmp_path)
+    bert = save_with_tokenizer(tiny_bert(), tmp_path / "bert")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"source": "how is the cat ?", "target": "is the cat ?"}) + "\n")
+    files = dict.fromkeys(("train", "valid", "test"), pairs)
+    for flags, bf16 in ((["--bf16"], True), ([], False)):
+        args = quality.parse_args([*flags, "--init_from", str(bert), "--tokenizer", str(bert)])
+        for name in ("none", "bart", "bert2bert", "warm-resonance"):
+            argv = quality.model_argv(name, args, quality.recipe_argv(args, files, bert, 0, tmp_path / name))
+            training_args = training.parse_args(argv)[2]
+            cpu = bf16 and not torch.cuda.is_available()
+            assert (training_args.bf16, training_args.use_cpu) == (bf16, cpu), (name, flags)
 
 
 def test_detail_retention_counts_the_numbers_and_rare_words_an_output_keeps():
