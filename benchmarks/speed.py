@@ -1,31 +1,22 @@
 #!/usr/bin/env python
 """Speed of C-DNPG's granularity masks, as ratios of models timed side by side in one process.
 
-    python benchmarks/speed.py --seq-lens 20 64 256 --out speed.json   # the paper's model
+    python benchmarks/speed.py --seq-lens 20 64 256 --out speed.json   # the paper's model (docs/speed.md)
     python benchmarks/speed.py --quick --out /tmp/quick.json             # tiny model, about a minute (smoke test)
     python benchmarks/speed.py --device cuda --dtype bf16 --out gpu.json
 
-At every length L (source and target L random tokens) it measures the ratios `comparisons` lists, with the bounds
-of TARGETS:
+At every length L (source and target L random tokens) it measures the ratios `comparisons` lists, with the bounds of
+TARGETS: a training step (forward, backward, AdamW) of every GA mask / "none", "none" / transformers' BART of the same
+size, SDPA / eager, a MiniLM-size warm start / BART of that size; beam search (8 beams, every call decoding as many
+steps) use_cache=False / cached, GA / "none" and "none" / BART cached, a static cache with the step compiled / the
+dynamic cache and / BART; the inference forward with flex attention / SDPA.
 
-- train: a training step (forward, backward, AdamW step, zero_grad) of every GA mask / the plain Transformer
-  ("none"); "none" / transformers' BART of the same size; SDPA / eager attention; a warm-started model of
-  all-MiniLM-L6-v2's size / BART of that size;
-- generate: beam search (8 beams, min_new_tokens = max_new_tokens, so every call decodes as many steps) with
-  use_cache=False / with the cache; GA / "none" and "none" / BART, cached; a static cache with the decoding step
-  compiled (fullgraph) / the dynamic cache, and / BART doing the same;
-- forward: the inference forward pass (no LM head) with flex attention, the mask computed in its kernel / SDPA.
-
-Timing: every call is a `torch.utils.benchmark.Timer(...).blocked_autorange()` measurement, whose first, untimed
-call sizes the block. All models of a part live in one process and take turns: each round measures every model
-once, in an order rotated by one each round (A B C, B C A, ...), so slow phases of a shared machine hit the numerator
-and the denominator of a ratio alike. A ratio is the median over rounds of the per-round ratio of the two
-measurements, with the quartiles to judge the noise. On CPU the clock is the process CPU time with one thread
-(waiting for a core on a shared machine is left out); on CUDA it is Timer's synchronising wall clock.
-
-Memory: on CUDA, the peak of one extra call above what was allocated before it (`torch.cuda.max_memory_allocated`
-after `reset_peak_memory_stats`). On CPU it is not measured: torch has no public peak counter for its CPU allocator.
-Where the time goes: benchmarks/speed_profile.py; the table and figure of result files: benchmarks/report.py.
+Every call is a `torch.utils.benchmark.Timer(...).blocked_autorange()` measurement. The models of a part take turns
+in one process, in an order rotated each round, so slow phases of a shared machine hit both sides of a ratio alike; a
+ratio is the median over rounds of the per-round ratios, with their quartiles. On CPU the clock is the process CPU
+time with one thread, on CUDA Timer's synchronising wall clock. Memory, on CUDA only (torch has no public peak counter
+for its CPU allocator): the peak of one call above what was allocated before it. The table and figure of result
+files: benchmarks/report.py; where the time goes: benchmarks/speed_profile.py.
 """
 
 from __future__ import annotations
