@@ -107,6 +107,13 @@ def quality(runs: list[dict], plot_path: str | None) -> None:
                  for part in (spreads[0] if spreads else {}) if spreads[0][part]]  # fmt: skip
         if parts:
             print(f"- {ROW_NAMES.get(name, name)}: std of z per layer, " + "; ".join(parts))
+    for name, group in groups.items():  # the logged training loss, mean over each quarter of the steps and the seeds
+        logs = [(int(step), loss) for run in group for step, loss in (run.get("train_loss") or {}).items()]
+        last = max((step for step, _ in logs), default=0)
+        quarters = [[loss for step, loss in logs if q * last < 4 * step <= (q + 1) * last] for q in range(4)]
+        if all(quarters):
+            means = " / ".join(f"{statistics.fmean(quarter):.2f}" for quarter in quarters)
+            print(f"- {ROW_NAMES.get(name, name)}: training loss by quarter of the {last} steps {means}")
     for test in dict.fromkeys(test for run in runs for test in run.get("extra", {})):
         rows = [[ROW_NAMES.get(name, name), *(cell([run["extra"][test][k] for run in group]) for k in EXTRA_COLUMNS)]
                 for name, group in groups.items() if all(test in run.get("extra", {}) for run in group)]  # fmt: skip

@@ -36,6 +36,7 @@ def test_quality_quick_scores_every_model(tmp_path):
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "| copy the source |" in completed.stdout  # the table was printed
+    assert "- Transformer (none): training loss by quarter of the 6 steps " in completed.stdout
 
     runs = read_runs([out / "runs.jsonl"])
     assert {run["command"] for run in runs} == {f"quality.py --quick --max_steps 6 --output_dir {out}"}
