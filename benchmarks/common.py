@@ -1,21 +1,50 @@
-"""What the benchmark scripts share: the machine they ran on, results written atomically, markdown tables."""
+"""The benchmarks' harness: the shared data and its splits, the decoding, the baseline models, one JSON line per run,
+and the grouping of runs into mean ± std. quality.py, novelty.py and speed.py use it; report.py reads what they write.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
-from collections import Counter
-from collections.abc import Iterable
+import statistics
+import sys
 from pathlib import Path
 
+import datasets
 import torch
 import transformers
 
-from cdnpg.training.paraphrase_metrics import normalize
+from cdnpg.data import load_pair_files
 
-COMMON_WORDS = 1000  # a source word outside the most frequent words of the training text is "rare"
-DETAIL_KINDS = ("numbers", "rare")
+ROOT = Path(__file__).resolve().parents[1]
+QUORA = ROOT.parent / "shared" / "data" / "quora"  # train.jsonl (10,691 pairs), valid.jsonl (the paper's 4,000)
+HALVES = ("tune", "report")  # valid.jsonl split in two: the first half selects / tunes, the second is reported
+DECODING = {"num_beams": 8, "max_new_tokens": 20}  # the paper's, and training/run.py's defaults
+
+
+def read_pairs(path: Path | str, limit: int | None = None) -> datasets.Dataset:
+    """The pairs of a JSON-lines file, the first `limit` of them when given."""
+    pairs = load_pair_files({"pairs": str(path)})[0]["pairs"]
+    return pairs.select(range(min(limit, len(pairs)))) if limit else pairs
+
+
+def valid_half(half: str, path: Path | str = QUORA / "valid.jsonl", limit: int | None = None) -> datasets.Dataset:
+    """The first ("tune") or the second ("report") half of a validation file, the first `limit` pairs of it."""
+    pairs = read_pairs(path)
+    middle = len(pairs) // 2
+    pairs = pairs.select(range(middle) if half == "tune" else range(middle, len(pairs)))
+    return pairs.select(range(min(limit, len(pairs)))) if limit else pairs
+
+
+def bert2bert(checkpoint: str, tokenizer) -> transformers.EncoderDecoderModel:
+    """transformers' bert2bert (Rothe et al. 2020): the checkpoint as encoder and as decoder (new cross-attention and
+    prediction head), decoding from [CLS] to [SEP] as a warm-started C-DNPG does."""
+    model = transformers.EncoderDecoderModel.from_encoder_decoder_pretrained(checkpoint, checkpoint)
+    cls, sep, pad = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id
+    model.config.decoder_start_token_id, model.config.bos_token_id = cls, cls
+    model.config.eos_token_id, model.config.pad_token_id = sep, pad
+    return model
 
 
 def cpu_name() -> str:
@@ -43,12 +72,69 @@ def machine_info() -> dict:
     }
 
 
-def write_json(results: dict, path: Path) -> None:
-    """`results` as JSON at `path`, replaced atomically: a reader never sees half a file."""
+def append_run(path: Path, run: dict) -> dict:
+    """Append one run (benchmark, model, seed, settings, metrics, ...) to a JSON-lines file, with the command that
+    produced it and the machine: an interrupted benchmark keeps every run it finished."""
+    run = {**run, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "machine": machine_info()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    with path.open("a", encoding="utf-8") as out:
+        out.write(json.dumps(run, default=str) + "\n")
+    return run
+
+
+def read_runs(paths: list[Path | str]) -> list[dict]:
+    """Every run of the files, in order: JSON lines, or a file that is one JSON object (a speed.py result)."""
+    runs = []
+    for path in paths:
+        text = Path(path).read_text(encoding="utf-8")
+        try:
+            runs.append(json.loads(text))
+        except json.JSONDecodeError:
+            runs += [json.loads(line) for line in text.splitlines() if line]
+    return runs
+
+
+def check_setup(path: Path, settings: dict) -> None:
+    """Refuse, before anything is trained or decoded, to add runs of another setup to a runs file: report.py would
+    refuse to average them with those already there."""
+    for run in read_runs([path]) if path.is_file() else []:
+        old = run.get("settings", {})
+        differing = sorted(key for key in old.keys() | settings.keys() if old.get(key) != settings.get(key))
+        if old.keys() == settings.keys() and differing:
+            raise SystemExit(f"{path} holds runs of another setup ({', '.join(differing)} differ): use another folder")
+
+
+def group_runs(runs: list[dict], key: str = "model", replicate: str = "seed") -> dict[str, list[dict]]:
+    """Runs grouped by `key` (first appearance first), one per `replicate` (the last run of a seed replaces earlier
+    ones). Runs of one group whose settings differ are refused, naming the settings."""
+    groups: dict[str, dict] = {}
+    for run in runs:
+        groups.setdefault(run[key], {})[run.get(replicate, 0)] = run
+    for name, by_seed in groups.items():
+        settings = [run.get("settings", {}) for run in by_seed.values()]
+        differing = sorted({k for s in settings for k in s if any(s.get(k) != t.get(k) for t in settings)})
+        if differing:
+            raise SystemExit(f"{name}: runs of another setup ({', '.join(differing)} differ)")
+    return {name: list(by_seed.values()) for name, by_seed in groups.items()}
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    """Mean and sample standard deviation (0 for one value) of a metric over seeds."""
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
+    }
+
+
+def cell(values: list[float], digits: int = 2) -> str:
+    """ "mean ± std" over seeds, the mean alone for one seed, "–" for none."""
+    if not values:
+        return "–"
+    stats = summarize(values)
+    return (
+        f"{stats['mean']:.{digits}f} ± {stats['std']:.{digits}f}" if stats["n"] > 1 else f"{stats['mean']:.{digits}f}"
+    )
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
@@ -57,25 +143,9 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
 
 
-def common_words(texts: Iterable[str], size: int = COMMON_WORDS) -> set[str]:
-    """The `size` most frequent words of `texts` (the training sources and targets), as the metrics tokenize them."""
-    return {word for word, _ in Counter(word for text in texts for word in normalize(text)).most_common(size)}
-
-
-def detail_words(source: str, common: set[str]) -> dict[str, set[str]]:
-    """A source's distinct details: its numbers (words with a digit) and its rare words (alphabetic, not common)."""
-    words = set(normalize(source))
-    numbers = {word for word in words if any(ch.isdigit() for ch in word)}
-    return {"numbers": numbers, "rare": {w for w in words - numbers - common if any(ch.isalpha() for ch in w)}}
-
-
-def retention(details: list[dict[str, set[str]]], outputs: list[str]) -> dict[str, float]:
-    """% of the sources' detail words, per kind, that reappear in the outputs (pooled over all pairs): a paraphrase
-    should keep the numbers and names it was given."""
-    kept, total = Counter(), Counter()
-    for words, output in zip(details, outputs, strict=True):
-        present = set(normalize(output))
-        for kind, wanted in words.items():
-            kept[kind] += len(wanted & present)
-            total[kind] += len(wanted)
-    return {kind: 100 * kept[kind] / total[kind] if total[kind] else float("nan") for kind in total}
+def write_json(results: dict, path: Path) -> None:
+    """`results` as JSON at `path`, replaced atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)

@@ -1,31 +1,22 @@
 #!/usr/bin/env python
 """Speed of C-DNPG's granularity masks, as ratios of models timed side by side in one process.
 
-    python benchmarks/speed.py --seq-lens 20 64 256 --out speed.json   # the paper's model
+    python benchmarks/speed.py --seq-lens 20 64 256 --out speed.json   # the paper's model (docs/speed.md)
     python benchmarks/speed.py --quick --out /tmp/quick.json             # tiny model, about a minute (smoke test)
     python benchmarks/speed.py --device cuda --dtype bf16 --out gpu.json
 
-At every length L (source and target L random tokens) it measures the ratios `comparisons` lists, with the bounds
-of TARGETS:
+At every length L (source and target L random tokens) it measures the ratios `comparisons` lists, with the bounds of
+TARGETS: a training step (forward, backward, AdamW) of every GA mask / "none", "none" / transformers' BART of the same
+size, SDPA / eager, a MiniLM-size warm start / BART of that size; beam search (8 beams, every call decoding as many
+steps) use_cache=False / cached, GA / "none" and "none" / BART cached, a static cache with the step compiled / the
+dynamic cache and / BART; the inference forward with flex attention / SDPA.
 
-- train: a training step (forward, backward, AdamW step, zero_grad) of every GA mask / the plain Transformer
-  ("none"); "none" / transformers' BART of the same size; SDPA / eager attention; a warm-started model of
-  all-MiniLM-L6-v2's size / BART of that size;
-- generate: beam search (8 beams, min_new_tokens = max_new_tokens, so every call decodes as many steps) with
-  use_cache=False / with the cache; GA / "none" and "none" / BART, cached; a static cache with the decoding step
-  compiled (fullgraph) / the dynamic cache, and / BART doing the same;
-- forward: the inference forward pass (no LM head) with flex attention, the mask computed in its kernel / SDPA.
-
-Timing: every call is a `torch.utils.benchmark.Timer(...).blocked_autorange()` measurement, whose first, untimed
-call sizes the block. All models of a part live in one process and take turns: each round measures every model
-once, in an order rotated by one each round (A B C, B C A, ...), so slow phases of a shared machine hit the numerator
-and the denominator of a ratio alike. A ratio is the median over rounds of the per-round ratio of the two
-measurements, with the quartiles to judge the noise. On CPU the clock is the process CPU time with one thread
-(waiting for a core on a shared machine is left out); on CUDA it is Timer's synchronising wall clock.
-
-Memory: on CUDA, the peak of one extra call above what was allocated before it (`torch.cuda.max_memory_allocated`
-after `reset_peak_memory_stats`). On CPU it is not measured: torch has no public peak counter for its CPU allocator.
-Where the time goes: benchmarks/speed_profile.py; the figure of a result file: benchmarks/speed_plot.py.
+Every call is a `torch.utils.benchmark.Timer(...).blocked_autorange()` measurement. The models of a part take turns
+in one process, in an order rotated each round, so slow phases of a shared machine hit both sides of a ratio alike; a
+ratio is the median over rounds of the per-round ratios, with their quartiles. On CPU the clock is the process CPU
+time with one thread, on CUDA Timer's synchronising wall clock. Memory, on CUDA only (torch has no public peak counter
+for its CPU allocator): the peak of one call above what was allocated before it. The table and figure of result
+files: benchmarks/report.py; where the time goes: benchmarks/speed_profile.py.
 """
 
 from __future__ import annotations
@@ -40,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from common import format_table, machine_info, write_json
+from common import machine_info, write_json
+from report import show
 from torch.utils import benchmark
 from transformers import CompileConfig, GenerationConfig
 
@@ -270,16 +262,6 @@ def measure(args, model_kw: dict, length: int, part: str, plan: list[Comparison]
     gc.collect()
 
 
-def table(results: dict) -> str:
-    rows = []
-    for key, r in results["ratios"].items():
-        status = ("PASS" if r["passed"] else "MISS") if "target" in r else "info"
-        memory = f"{r['memory']:.3f}" if "memory" in r else "–"
-        quartiles = f"{r['quartiles'][0]:.3f}–{r['quartiles'][1]:.3f}"
-        rows.append([key, f"{r['value']:.3f}", r.get("target", "–"), status, quartiles, memory])
-    return format_table(["L/ratio", "value", "target", "status", "quartiles", "peak memory"], rows)
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seq-lens", type=int, nargs="+", help="source = target lengths (default 20 64 256)")
@@ -315,6 +297,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(1)  # a thread waiting for a descheduled sibling would inflate small ops many times
     plan = comparisons(args)
     results = {
+        "benchmark": "speed",
         "command": " ".join(["speed.py", *(sys.argv[1:] if argv is None else argv)]),
         "options": vars(args),
         "machine": machine_info(),
@@ -341,7 +324,7 @@ def main(argv=None) -> dict:
               file=sys.stderr)  # fmt: skip
         raise
     benchmark.Compare(results["measurements"]).print()
-    print(table(results))
+    show([results])
     save()
     return results
 

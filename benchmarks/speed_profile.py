@@ -18,8 +18,8 @@ import contextlib
 import json
 from pathlib import Path
 
+import speed
 import torch
-from speed import QUICK_MODEL, build_model, shapes, workload
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from modeling_cdnpg import GRANULARITY_MASKS, GranularityHead
@@ -59,18 +59,16 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--quick", action="store_true", help="speed.py's tiny model")
     parser.add_argument("--out", type=Path, required=True, help="folder of the tables and summary.json")
     args = parser.parse_args(argv)
-    # what speed.py's workloads read from its options: one CPU thread, fp32, the paper's batch and beams
-    args.device, args.dtype, args.seed, args.num_beams = torch.device("cpu"), "fp32", 0, 8
-    args.batch_size, args.gen_batch_size = (4, 2) if args.quick else (32, 4)
+    options = speed.parse_args(["--quick"] if args.quick else [])  # speed.py's shapes: CPU, fp32, its batches, beams
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     summary = []
     for length in args.seq_lens:
-        batch, gen_batch, new_tokens = shapes(args, length)
+        batch, gen_batch, new_tokens = speed.shapes(options, length)
         for variant in args.variants:
             for part, runner, rows in (("train", variant, batch), ("generate", f"{variant}+cache", gen_batch)):
-                model = build_model(runner, QUICK_MODEL if args.quick else {}, args.seed)
-                call = workload(runner, model, part, rows, length, new_tokens, args)
+                model = speed.build_model(runner, speed.QUICK_MODEL if args.quick else {}, options.seed)
+                call = speed.workload(runner, model, part, rows, length, new_tokens, options)
                 call()  # warm-up
                 with labelled_modules(model), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
                     call()

@@ -1,7 +1,7 @@
 """`benchmarks/speed.py --quick` runs end to end and writes every ratio, also for a subset of --variants; a failure
-keeps what was measured; speed_plot.py draws its result; speed_profile.py labels the granularity heads and attention
-modules. No timing is asserted: the ratios of a tiny model on a shared machine say nothing; the full benchmark and its
-reading are in docs/speed.md."""
+keeps what was measured; report.py prints its table and draws its figure; speed_profile.py labels the granularity
+heads and attention modules. No timing is asserted: the ratios of a tiny model on a shared machine say nothing; the
+full benchmark and its reading are in docs/speed.md."""
 
 import json
 import math
@@ -54,10 +54,13 @@ def test_speed_quick_writes_every_ratio(tmp_path):
     for field in ("torch", "transformers", "cpu_count", "cpu"):
         assert results["machine"][field]
     figure = tmp_path / "quick.png"
-    plotted = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "speed_plot.py"), str(out), str(figure)], capture_output=True
+    reported = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "report.py"), str(out), "--plot", str(figure)],
+        capture_output=True,
+        text=True,
     )
-    assert plotted.returncode == 0, plotted.stderr[-3000:]
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    assert f"| L{lengths[0]}/train/product_vs_none |" in reported.stdout
     assert figure.read_bytes().startswith(b"\x89PNG")
 
 

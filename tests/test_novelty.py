@@ -665,35 +665,50 @@ def test_benchmark_quick_scores_every_setting_against_beam_search_and_draws_the_
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "| beam search |" in completed.stdout and "| novelty 0.5 |" in completed.stdout
-    results = json.loads((out / "results-report.json").read_text())
-    assert results["config"]["pairs"] == 12 and results["config"]["split"] == "report"
-    families = {row["family"] for row in results["settings"].values()}
+    from common import group_runs, read_runs
+
+    runs = read_runs([out / "runs-report.jsonl"])
+    assert {run["settings"]["pairs"] for run in runs} == {12} and {run["settings"]["split"] for run in runs} == {
+        "report"
+    }
+    rows = group_runs(runs, key="setting", replicate="model")
+    rows = {name: group[0] for name, group in rows.items()}
+    families = {row["family"] for row in rows.values()}
     assert families == {
-        "beam", "copy_rule", "z", "uniform", "mirrored", "keep", "keep_uniform", "keep_alone", "no_repeat", "repetition"
+        "beam", "copy_rule", "z", "uniform", "mirrored", "keep", "keep_uniform", "keep_alone", "no_repeat", "repetition",
+        "anchor", "candidates",
     }  # fmt: skip
-    for name, row in results["settings"].items():
-        assert all(math.isfinite(row["metrics"][key]) for key in ("bleu4", "ibleu", "self_bleu4", "copy_rate")), name
-        assert row["time_s"] > 0
-    assert results["settings"]["beam search"]["time_ratio"] == 1
-    assert results["settings"]["novelty 0.5"]["metrics"]["copy_rate"] == 0
-    assert results["settings"]["novelty 0.5, keep details 1.0"]["kwargs"] == {"novelty": 0.5, "keep_details": 1.0}
-    assert results["anchors"]["copy the source"]["retention"]["rare"] == 100
-    assert set(results["candidates"]) == {"beam search (5 best beams)", "novelty 0.5"}
-    assert results["candidates"]["novelty 0.5"]["copies_percent"] == 0
+    for name, row in rows.items():
+        if row["family"] not in ("anchor", "candidates"):
+            assert all(math.isfinite(row["metrics"][key]) for key in ("bleu4", "ibleu", "self_bleu4", "copy_rate")), (
+                name
+            )
+            assert row["time_s"] > 0
+    assert rows["beam search"]["metrics"]["time_ratio"] == 1
+    assert rows["novelty 0.5"]["metrics"]["copy_rate"] == 0
+    assert rows["novelty 0.5, keep details 1.0"]["kwargs"] == {"novelty": 0.5, "keep_details": 1.0}
+    assert rows["copy the source"]["metrics"]["rare_kept"] == 100
+    assert {name for name, row in rows.items() if row["family"] == "candidates"} == {
+        "beam search (5 best beams)", "novelty 0.5 (5 candidates)"
+    }  # fmt: skip
+    assert rows["novelty 0.5 (5 candidates)"]["metrics"]["copies_percent"] == 0
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_benchmark_settings_decodes_only_those_named_with_beam_search_and_refuses_an_unknown_one():
+def test_benchmark_settings_decodes_only_those_named_with_beam_search_and_refuses_an_unknown_one(checkpoint, tmp_path):
     from tests.test_quality_smoke import load_benchmark
 
     novelty = load_benchmark("novelty")
-    rows = {"beam search": ("beam", 0.0, {}), "novelty 0.25": ("z", 0.25, {}), "novelty 0.5": ("z", 0.5, {})}
-    assert novelty.chosen(rows, None) == rows
-    assert list(novelty.chosen(rows, ["novelty 0.5"])) == ["beam search", "novelty 0.5"]
+    files = write_template_corpus(tmp_path / "data", num_train=80, num_valid=8, num_test=2, seed=0)
+    flags = [str(checkpoint), "--quick", "--train_file", str(files["train"]), "--valid_file", str(files["valid"])]
+    runs = novelty.main([*flags, "--settings", "novelty 0.5", "--output_dir", str(tmp_path / "out")])
+    decoded = [run["setting"] for run in runs if run["family"] not in ("anchor", "candidates")]
+    assert decoded == ["beam search", "novelty 0.5"]  # beam search always: the timings are read against it
     with pytest.raises(
         SystemExit, match=re.escape("--settings novelty 0.3: not a setting of this model; one of: beam search")
     ):
-        novelty.chosen(rows, ["novelty 0.3"])
+        novelty.main([*flags, "--settings", "novelty 0.3", "--output_dir", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()  # refused before anything is decoded
 
 
 @pytest.mark.parametrize("wanted", [0, -1, 1.5, True])

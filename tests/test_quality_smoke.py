@@ -1,7 +1,7 @@
-"""`benchmarks/quality.py --quick` trains every model end to end on the embedded template corpus and writes
-results.json, keeping the flags given with --quick. No quality is asserted (a tiny model trained for a few steps says
-nothing), except for the copy-source baseline, whose self-BLEU-4 must show that it copies; the full benchmark and its
-reading are in docs/benchmarks.md."""
+"""`benchmarks/quality.py --quick` trains every model end to end on the embedded template corpus and appends one JSON
+line per run to runs.jsonl, keeping the flags given with --quick; `benchmarks/report.py` groups the runs of several
+files. No quality is asserted (a tiny model trained for a few steps says nothing), except for the copy-source
+baseline, whose self-BLEU-4 must show that it copies; the full benchmark and its reading are in docs/benchmarks.md."""
 
 import json
 import math
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from common import group_runs, read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 METRIC_KEYS = ("ibleu", "ibleu_paper", "bleu2", "bleu4", "rougeL", "meteor", "sacrebleu", "self_bleu4")
@@ -35,26 +36,31 @@ def test_quality_quick_scores_every_model(tmp_path):
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "| copy the source |" in completed.stdout  # the table was printed
+    assert "- Transformer (none): training loss by quarter of the 6 steps " in completed.stdout
 
-    results = json.loads((out / "results.json").read_text())
-    assert results["config"]["max_steps"] == 6 and results["config"]["d_model"] == 32  # the flag given, then --quick's
-    assert list(results["models"]) == ["none", "resonance", "scope", "bart", "copy-source"]
-    for name, entry in results["models"].items():
-        assert [run["seed"] for run in entry["runs"]] == [0], name
-        metrics = entry["runs"][0]["metrics"]
+    runs = read_runs([out / "runs.jsonl"])
+    assert {run["command"] for run in runs} == {f"quality.py --quick --max_steps 6 --output_dir {out}"}
+    groups = group_runs(runs)
+    assert list(groups) == ["human references", "copy-source", "none", "resonance", "scope", "bart"]
+    for name in ("none", "resonance", "scope", "bart"):
+        (run,) = groups[name]
+        assert run["seed"] == 0 and run["steps"] == 6, name  # the flag given, then --quick's
+        assert run["settings"]["max_steps"] == 6 and run["settings"]["d_model"] == 32
+        assert math.isfinite(run["best_validation_loss"]) and run["train_loss"], name
+        assert (out / f"{name}-seed0" / "predictions.jsonl").is_file()
+        state = json.loads((out / f"{name}-seed0" / "trainer_state.json").read_text())
+        assert sum("eval_loss" in row for row in state["log_history"]) == 2  # --quick's 2 evaluations, not 6
+    for name in ("none", "resonance", "scope", "bart", "copy-source"):
+        metrics = groups[name][0]["metrics"]
         for key in METRIC_KEYS:
             assert math.isfinite(metrics[key]), (name, key, metrics[key])
-            assert entry["summary"][key]["n"] == 1
-        assert (out / name / "predictions.jsonl").is_file() or (out / f"{name}-seed0" / "predictions.jsonl").is_file()
-    for name in ("none", "resonance", "scope", "bart"):
-        run = results["models"][name]["runs"][0]
-        assert run["steps"] == results["config"]["max_steps"], (name, run["steps"])
-        assert math.isfinite(run["best_validation_loss"]), name
+        assert 0 <= metrics["rare_kept"] <= 100, name
 
-    copy = results["models"]["copy-source"]["runs"][0]["metrics"]
+    copy = groups["copy-source"][0]["metrics"]
     assert copy["self_bleu4"] > 95  # BLEU-4 of the source against itself (method7 smoothing lets it exceed 100)
+    assert copy["rare_kept"] == 100.0  # the source keeps every rare word it has
     predictions = [json.loads(line) for line in (out / "copy-source" / "predictions.jsonl").read_text().splitlines()]
-    assert len(predictions) == results["config"]["max_test_samples"]
+    assert len(predictions) == 12  # --quick's max_test_samples
     assert all(row["prediction"] == row["source"] for row in predictions)
 
 
@@ -76,63 +82,53 @@ def test_quality_quick_warm_starts_and_scores_an_extra_test_set(tmp_path):
     assert "| warm start, resonance |" in completed.stdout and "tiny:" in completed.stdout
     assert "| bert2bert (transformers EncoderDecoderModel) |" in completed.stdout
 
-    results = json.loads((out / "results.json").read_text())
-    assert list(results["models"]) == ["bert2bert", "warm-resonance", "none", "copy-source"]  # the baseline first
-    warm = results["models"]["warm-resonance"]["runs"][0]
-    assert warm["steps"] == 4 and warm["train_s_per_step"] > 0
+    groups = group_runs(read_runs([out / "runs.jsonl"]))
+    assert list(groups) == ["human references", "copy-source", "bert2bert", "warm-resonance", "none"]  # baseline first
+    warm = groups["warm-resonance"][0]
+    assert warm["steps"] == 4 and warm["s_per_step"] > 0
     config = json.loads((out / "warm-resonance-seed0" / "config.json").read_text())
     assert config["granularity_mask"] == "resonance" and config["d_model"] == 32 and config["layernorm_embedding"]
-    for name, entry in results["models"].items():
-        scores = entry["runs"][0]["extra"]["tiny"]
+    for name in ("copy-source", "bert2bert", "warm-resonance", "none"):
+        scores = groups[name][0]["extra"]["tiny"]
         assert math.isfinite(scores["ibleu"]) and 0 <= scores["copy_rate"] <= 100, name
-    assert results["models"]["copy-source"]["runs"][0]["extra"]["tiny"]["copy_rate"] == 100.0
+    assert groups["copy-source"][0]["extra"]["tiny"]["copy_rate"] == 100.0
     assert len((out / "warm-resonance-seed0" / "predictions-tiny.jsonl").read_text().splitlines()) == 5
-    copy = results["models"]["copy-source"]["runs"][0]["metrics"]
-    assert copy["rare_kept"] == 100.0  # the source keeps every rare word it has
-    assert 0 <= results["human_retention"]["rare"] <= 100
+    assert 0 <= groups["human references"][0]["metrics"]["rare_kept"] <= 100
     for name in ("bert2bert", "warm-resonance", "none"):
-        metrics = results["models"][name]["runs"][0]["metrics"]
-        assert 0 <= metrics["rare_kept"] <= 100, (name, metrics)
+        assert 0 <= groups[name][0]["metrics"]["rare_kept"] <= 100, name
     assert [len(layers) for layers in warm["z_spread"].values()] == [2, 2, 2]  # the tiny BERT's 2 layers
-    assert results["models"]["bert2bert"]["runs"][0]["z_spread"] is None
-    assert results["models"]["none"]["runs"][0]["z_spread"] is None
+    assert groups["bert2bert"][0]["z_spread"] is None and groups["none"][0]["z_spread"] is None
 
 
-def test_report_only_merges_the_seeds_of_another_output_folder(tmp_path):
-    """Seeds run in parallel into two folders combine into one table; another setup is refused by name."""
-    import importlib.util
+def test_report_averages_the_seeds_of_several_runs_files_and_refuses_another_setup(tmp_path, capsys):
+    """Seeds run in parallel into two folders combine into one table (mean ± sample std); a seed run again replaces
+    the earlier run; runs of the same model trained another way are refused, naming what differs."""
+    import report
+    from common import append_run
 
-    spec = importlib.util.spec_from_file_location("quality_under_test", ROOT / "benchmarks" / "quality.py")
-    quality = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(quality)
+    def run(seed: int, bleu4: float, steps: int = 10) -> dict:
+        return {"benchmark": "quality", "model": "resonance", "seed": seed, "metrics": {"bleu4": bleu4},
+                "settings": {"max_steps": steps, "data": "d", "test": "t", "d_model": 8, "layers": 1,
+                             "attention_heads": 1, "ffn_dim": 8, "learning_rate": 1, "warmup_steps": 0,
+                             "batch_size": 2, "num_beams": 8, "max_new_tokens": 20}}  # fmt: skip
 
-    def results(seed: int, bleu4: float, steps: int = 10) -> dict:
-        run = {"seed": seed, "metrics": dict.fromkeys(quality.METRIC_KEYS, bleu4), "extra": {}}
-        model = {"runs": [run], "summary": quality.summarize([run])}
-        config = {"max_steps": steps, "seeds": [seed], "output_dir": f"out{seed}", "files": {"test": f"t{seed}"}}
-        return {"config": config, "models": {"resonance": model}}
-
-    merged = results(0, 20.0)
-    quality.merge_runs(merged, results(1, 30.0), "out1")
-    assert [run["seed"] for run in merged["models"]["resonance"]["runs"]] == [0, 1]
-    assert merged["models"]["resonance"]["summary"]["bleu4"]["mean"] == pytest.approx(25.0)
-    assert merged["config"]["seeds"] == [0, 1]
-    with pytest.raises(SystemExit, match="max_steps differ"):
-        quality.merge_runs(merged, results(2, 30.0, steps=20), "out2")
+    first, second = tmp_path / "seed0.jsonl", tmp_path / "seed1.jsonl"
+    append_run(first, run(0, 10.0))
+    append_run(first, run(0, 20.0))  # seed 0 again: replaces the first
+    append_run(second, run(1, 30.0))
+    report.main([str(first), str(second)])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| C-DNPG resonance"))
+    assert "| 25.00 ± 7.07 |" in row and row.endswith("| 0,1 | 26.94 | 34.05 |")
+    append_run(second, run(2, 30.0, steps=20))
+    with pytest.raises(SystemExit, match="resonance: runs of another setup \\(max_steps differ\\)"):
+        report.main([str(first), str(second)])
 
 
 @pytest.mark.parametrize(("max_steps", "evaluations", "every"), [(300, 1, "300"), (1200, 4, "300"), (10, 3, "4")])
 def test_validation_runs_evaluations_times_not_every_step(tmp_path, max_steps, evaluations, every):
     """eval_steps "1.0" would be read by the Trainer as every step: the recipe passes whole steps."""
-    import argparse
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("quality_under_test", ROOT / "benchmarks" / "quality.py")
-    quality = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(quality)
-    args = argparse.Namespace(
-        **{**dict.fromkeys(quality.RUN_FLAGS), "max_steps": max_steps, "evaluations": evaluations, "bf16": False}
-    )
+    quality = load_benchmark("quality")
+    args = quality.parse_args(["--max_steps", str(max_steps), "--evaluations", str(evaluations)])
     files = {split: tmp_path / f"{split}.jsonl" for split in ("train", "valid", "test")}
     argv = quality.recipe_argv(args, files, tmp_path / "tokenizer", 0, tmp_path / "out")
     flags = dict(zip(argv[::2], argv[1::2]))
@@ -148,24 +144,44 @@ def load_benchmark(name: str):
     return module
 
 
-def test_variants_given_alone_trains_no_model_from_scratch():
+def test_variants_given_alone_with_no_bart_trains_nothing_and_scores_the_anchors(tmp_path):
+    """`--variants` with no mask trains no model from scratch: with --no_bart and no --init_from, only the anchors
+    (copying the source, the human references) are scored, and no run folder is made. Runs of another setup are not
+    added to the same runs.jsonl."""
     quality = load_benchmark("quality")
-    assert quality.parse_args(["--variants"]).variants == []
-    assert quality.parse_args([]).variants == ["none", "resonance", "scope"]
+    runs = quality.main(["--quick", "--variants", "--no_bart", "--output_dir", str(tmp_path)])
+    assert [run["model"] for run in runs] == ["human references", "copy-source"]
+    assert not list(tmp_path.glob("*-seed*"))
+    with pytest.raises(SystemExit, match=r"runs\.jsonl holds runs of another setup \(test differ\)"):
+        quality.main(["--quick", "--variants", "--no_bart", "--max_test_samples", "5", "--output_dir", str(tmp_path)])
 
 
 def test_bf16_reaches_every_models_trainer_and_a_cpu_is_named_for_it(tmp_path):
+    """The training arguments run.py builds for every model (from scratch, BART, bert2bert, warm-started) have bf16,
+    and use_cpu on a machine without a GPU (the Trainer asks for it before it autocasts a CPU); without --bf16, none."""
+    import torch
+
+    from cdnpg import training
+    from tests.test_convert import save_with_tokenizer, tiny_bert
+
     quality = load_benchmark("quality")
-    args = quality.parse_args(["--bf16", "--max_steps", "10"])
-    files = {split: tmp_path / f"{split}.jsonl" for split in ("train", "valid", "test")}
-    flags = dict(zip(*[iter(quality.recipe_argv(args, files, tmp_path / "tokenizer", 0, tmp_path / "out"))] * 2))
-    assert flags["--bf16"] == "true" and flags["--use_cpu"] == "true"  # this machine has no GPU
-    assert "--bf16" not in quality.recipe_argv(quality.parse_args([]), files, tmp_path, 0, tmp_path)
+    bert = save_with_tokenizer(tiny_bert(), tmp_path / "bert")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"source": "how is the cat ?", "target": "is the cat ?"}) + "\n")
+    files = dict.fromkeys(("train", "valid", "test"), pairs)
+    for flags, bf16 in ((["--bf16"], True), ([], False)):
+        args = quality.parse_args([*flags, "--init_from", str(bert), "--tokenizer", str(bert)])
+        for name in ("none", "bart", "bert2bert", "warm-resonance"):
+            argv = quality.model_argv(name, args, quality.recipe_argv(args, files, bert, 0, tmp_path / name))
+            training_args = training.parse_args(argv)[2]
+            cpu = bf16 and not torch.cuda.is_available()
+            assert (training_args.bf16, training_args.use_cpu) == (bf16, cpu), (name, flags)
 
 
 def test_detail_retention_counts_the_numbers_and_rare_words_an_output_keeps():
-    """Pooled over pairs: 1 of 2 numbers and 1 of 3 rare words reappear; common words and punctuation never count."""
-    from common import common_words, detail_words, retention
+    """Pooled over pairs: 1 of 2 numbers and 3 of 6 rare words reappear; common words and punctuation never count.
+    The metric module reports the same as `numbers_kept` and `rare_kept` beside BLEU."""
+    from cdnpg.training.paraphrase_metrics import common_words, detail_words, paraphrase_scores, retention
 
     common = common_words(["why did you introduce the notes ?", "why did the notes come ?"], size=6)
     assert common == {"why", "did", "the", "notes", "?", "you"}  # the 6 most frequent: 2, 2, 2, 2, 2 and 1 (first)
@@ -177,6 +193,10 @@ def test_detail_retention_counts_the_numbers_and_rare_words_an_output_keeps():
                        {"numbers": {"7"}, "rare": {"is", "a", "prime"}}]  # fmt: skip
     outputs = ["why did the rs rs rspee notes introduced ?", "is 7 a number that is prime ?"]
     assert retention(details, outputs) == {"numbers": 50.0, "rare": pytest.approx(100 * 3 / 6)}
+    sources = ["why did rbi introduce 2000 rupee notes ?", "is 7 a prime ?"]
+    scores = paraphrase_scores(outputs, ["a", "b"], sources, common=common)
+    assert scores["numbers_kept"] == 50.0 and scores["rare_kept"] == pytest.approx(50.0) and "bleu4" in scores
+    assert "rare_kept" not in paraphrase_scores(outputs, ["a", "b"], sources)  # without the common words: no retention
 
 
 def test_granularity_spread_is_zero_at_a_warm_start_and_shows_a_trained_head_in_its_own_layer(tmp_path):

@@ -67,12 +67,20 @@ Metrics (keys of the returned dict)
         Corpus-level ``sacrebleu.corpus_bleu`` with its default settings (13a tokenisation, exponential smoothing)
         on the normalised strings, against the references and, if given, the sources: a modern, comparable
         cross-check of ``bleu4`` and ``self_bleu4``.
+    ``numbers_kept``, ``rare_kept``
+        Detail retention, with ``common`` (the most frequent words of the training text, ``common_words``): of the
+        sources' distinct words that are numbers (a digit in them), and that are rare (alphabetic, not in ``common``,
+        not numbers), the share (in %) that reappears among the prediction's words, pooled over all pairs: a
+        paraphrase should keep the numbers and names it was given. NaN when the sources have none. Needs ``sources``.
 
 When ``sources`` is omitted the source-dependent keys (``ibleu``, ``ibleu_paper``, ``self_bleu4``,
 ``sacrebleu_self``) are absent, and reading one raises a ``KeyError`` that says to pass ``sources``.
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
 
 import datasets
 import evaluate
@@ -110,6 +118,8 @@ Args:
     references (`list` of `str`): one reference paraphrase per prediction.
     sources (`list` of `str`, optional): the input sentences; needed for ibleu, ibleu_paper, self_bleu4 and
         sacrebleu_self, which are left out without them.
+    common (`set` of `str`, optional): the frequent words of the training text (`common_words`); with sources,
+        adds numbers_kept and rare_kept.
 Returns:
     dict of floats (x100): bleu2, bleu4, rougeL, meteor, sacrebleu, and with sources also ibleu, ibleu_paper,
     self_bleu4, sacrebleu_self.
@@ -125,6 +135,7 @@ BLEU2_WEIGHTS = (0.5, 0.5, 0.0, 0.0)
 BLEU4_WEIGHTS = (0.25, 0.25, 0.25, 0.25)
 IBLEU_ALPHA = 0.8
 ROUGE_BETA = 1.2
+COMMON_WORDS = 1000  # a source word outside the most frequent words of the training text is "rare"
 SOURCE_KEYS = ("ibleu", "ibleu_paper", "self_bleu4", "sacrebleu_self", "copy_rate")
 WORDNET_MISSING = (
     "METEOR needs NLTK's WordNet corpus, which was not found on NLTK's data path ({path}). Install it without "
@@ -148,6 +159,34 @@ def bleu(hypothesis: list[str], reference: list[str], weights: tuple[float, ...]
     if not hypothesis or not reference:
         return 0.0
     return float(sentence_bleu([reference], hypothesis, weights=weights, smoothing_function=_SMOOTHING))
+
+
+def ibleu(to_reference, to_source):
+    """iBLEU (Sun & Zhou, 2012) of BLEU-4 against the reference and against the source (floats or arrays)."""
+    return IBLEU_ALPHA * to_reference - (1 - IBLEU_ALPHA) * to_source
+
+
+def common_words(texts: Iterable[str], size: int = COMMON_WORDS) -> set[str]:
+    """The `size` most frequent words of `texts` (the training sources and targets), as the metrics tokenize them."""
+    return {word for word, _ in Counter(word for text in texts for word in normalize(text)).most_common(size)}
+
+
+def detail_words(source: str, common: set[str]) -> dict[str, set[str]]:
+    """A source's distinct details: its numbers (words with a digit) and its rare words (alphabetic, not common)."""
+    words = set(normalize(source))
+    numbers = {word for word in words if any(ch.isdigit() for ch in word)}
+    return {"numbers": numbers, "rare": {w for w in words - numbers - common if any(ch.isalpha() for ch in w)}}
+
+
+def retention(details: list[dict[str, set[str]]], outputs: list[str]) -> dict[str, float]:
+    """% of the sources' detail words, per kind, that reappear in the outputs (pooled over all pairs)."""
+    kept, total = Counter(), Counter()
+    for words, output in zip(details, outputs, strict=True):
+        present = set(normalize(output))
+        for kind, wanted in words.items():
+            kept[kind] += len(wanted & present)
+            total[kind] += len(wanted)
+    return {kind: 100 * kept[kind] / total[kind] if total[kind] else float("nan") for kind in total}
 
 
 def lcs_length(first: list[str], second: list[str]) -> int:
@@ -205,7 +244,9 @@ def _check_lengths(**columns: list[str] | None) -> None:
         raise ValueError("no predictions to score: predictions and references are empty")
 
 
-def paraphrase_scores(predictions: list[str], references: list[str], sources: list[str] | None = None) -> dict:
+def paraphrase_scores(
+    predictions: list[str], references: list[str], sources: list[str] | None = None, common: set[str] | None = None
+) -> dict:
     """Compute all metrics (x100); the ``evaluate`` wrapper below delegates here."""
     _check_lengths(predictions=predictions, references=references, sources=sources)
     require_wordnet()
@@ -223,12 +264,15 @@ def paraphrase_scores(predictions: list[str], references: list[str], sources: li
         srcs = [normalize(text) for text in sources]
         self_bleu4s = np.array([bleu(h, s, BLEU4_WEIGHTS) for h, s in zip(hyps, srcs)])
         paper_self = np.array([bleu(h, released_code_self_reference(s), BLEU4_WEIGHTS) for h, s in zip(hyps, srcs)])
-        scores["ibleu"] = 100 * float(np.mean(IBLEU_ALPHA * bleu4s - (1 - IBLEU_ALPHA) * self_bleu4s))
-        scores["ibleu_paper"] = 100 * float(np.mean(IBLEU_ALPHA * bleu4s - (1 - IBLEU_ALPHA) * paper_self))
+        scores["ibleu"] = 100 * float(np.mean(ibleu(bleu4s, self_bleu4s)))
+        scores["ibleu_paper"] = 100 * float(np.mean(ibleu(bleu4s, paper_self)))
         scores["self_bleu4"] = 100 * float(self_bleu4s.mean())
         scores["copy_rate"] = 100 * float(np.mean([h == s for h, s in zip(hyps, srcs)]))
         corpus_self = sacrebleu.corpus_bleu([" ".join(h) for h in hyps], [[" ".join(s) for s in srcs]])
         scores["sacrebleu_self"] = float(corpus_self.score)
+        if common is not None:
+            kept = retention([detail_words(source, common) for source in sources], predictions)
+            scores.update({f"{kind}_kept": kept.get(kind, float("nan")) for kind in ("numbers", "rare")})
     return scores
 
 
@@ -247,5 +291,9 @@ class ParaphraseMetrics(evaluate.Metric):
             codebase_urls=["https://github.com/guxd/C-DNPG"],
         )
 
-    def _compute(self, predictions: list[str], references: list[str], sources: list[str] | None = None) -> dict:
-        return paraphrase_scores(list(predictions), list(references), None if sources is None else list(sources))
+    def _compute(
+        self, predictions: list[str], references: list[str], sources: list[str] | None = None, common=None
+    ) -> dict:
+        return paraphrase_scores(
+            list(predictions), list(references), None if sources is None else list(sources), common
+        )
