@@ -227,6 +227,53 @@ def share_tied_embedding_modules(model: torch.nn.Module) -> None:
     base = getattr(model, "model", None)
     if getattr(model.config, "tie_word_embeddings", False) and hasattr(base, "shared"):
         base.encoder.embed_tokens = base.decoder.embed_tokens = base.shared
+        base.register_state_dict_post_hook(drop_shared_module_keys)
+        base.register_load_state_dict_post_hook(accept_shared_module_keys_missing)
+
+
+SHARED_MODULE_KEYS = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")  # `shared` under two more names
+
+
+def drop_shared_module_keys(module, state_dict, prefix, local_metadata) -> None:
+    """The state dict names the shared embedding once (`shared.weight`), as `named_parameters` does. torch's FSDP
+    checkpoint loading lists each parameter under the first module that holds it: a checkpoint that also held
+    `encoder.embed_tokens.weight` failed to resume (KeyError in `set_model_state_dict`)."""
+    for key in SHARED_MODULE_KEYS:
+        state_dict.pop(prefix + key, None)
+
+
+def accept_shared_module_keys_missing(module, incompatible_keys) -> None:
+    """`load_state_dict` fills the shared embedding through `shared.weight`; its other names are not missing."""
+    incompatible_keys.missing_keys[:] = [
+        key for key in incompatible_keys.missing_keys if not key.endswith(SHARED_MODULE_KEYS)
+    ]
+
+
+@contextmanager
+def saved_as_its_own_class(model: torch.nn.Module) -> Iterator[None]:
+    """FSDP2 gives a sharded model a class of torch's making (`FSDPCDNPGForConditionalGeneration`, defined in
+    torch/distributed/fsdp); `save_pretrained` copies the code of the model's class into the checkpoint and names it
+    in config.json's `auto_map`, so FSDP runs saved torch's private FSDP files and an auto_map that could not load.
+    While saving, the model has its own class back."""
+    from torch.distributed.fsdp import FSDPModule
+
+    fsdp_class = type(model)
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    model.__class__ = next(base for base in fsdp_class.__bases__ if not issubclass(base, FSDPModule))
+    try:
+        yield
+    finally:
+        model.__class__ = fsdp_class
+
+
+def tied_names_aliased(state_dict: dict[str, torch.Tensor], model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """A state dict gathered from FSDP shards holds a separate copy of each tied weight; transformers recognizes tied
+    weights by their storage, and saved every copy. The tied names point at their source again, so that the
+    checkpoint stores the embedding once, as a single process saves it."""
+    tied = model.get_expanded_tied_weights_keys(all_submodels=True)  # {tied name: source name}
+    return {name: state_dict.get(tied.get(name), tensor) for name, tensor in state_dict.items()}
 
 
 @contextmanager
@@ -412,9 +459,29 @@ class CDNPGTrainer(Seq2SeqTrainer):
                 )
         return optimizer
 
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """The Trainer's save; under FSDP as a single process saves: the model's own code and each weight once."""
+        if state_dict is not None and self.is_fsdp_enabled:
+            state_dict = tied_names_aliased(state_dict, self.accelerator.unwrap_model(self.model))
+        with saved_as_its_own_class(self.model):
+            super()._save(output_dir, state_dict=state_dict)
+
+    @property
+    def fsdp_saves_shards(self) -> bool:
+        """FSDP with SHARDED_STATE_DICT: the Trainer's checkpoints hold FSDP's shards only, no model to load."""
+        plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
+        return self.is_fsdp_enabled and "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        super().save_model(output_dir, _internal_call=_internal_call)
-        if self.args.should_save and self.processing_class is not None:  # checkpoints come through here too
+        """The Trainer's save, with tokenizers that transformers 4.57 reads. With FSDP's SHARDED_STATE_DICT the
+        Trainer saves no model at all (checkpoints keep the shards): the run's own model is gathered and saved whole,
+        so that the output folder loads in one process."""
+        if self.fsdp_saves_shards and not _internal_call:
+            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+        else:
+            super().save_model(output_dir, _internal_call=_internal_call)
+        model_saved = not (self.fsdp_saves_shards and _internal_call)
+        if self.args.should_save and self.processing_class is not None and model_saved:  # checkpoints come here too
             make_tokenizer_config_portable(output_dir or self.args.output_dir)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
