@@ -19,6 +19,7 @@ import evaluate
 import torch
 import transformers
 from accelerate import PartialState
+from accelerate.utils import DistributedType
 from transformers import (
     DataCollatorForSeq2Seq,
     EarlyStoppingCallback,
@@ -132,6 +133,48 @@ def check_distributed_launch(args: CDNPGTrainingArguments) -> None:
             "same output_dir. Without GPUs accelerate runs only DDP on CPUs: launch with "
             "--config_file training/configs/accelerate/ddp.yaml (or --multi_gpu --use_cpu true); FSDP needs GPUs"
         )
+
+
+def distributed_strategy(accelerator) -> str:
+    """How accelerate set up this run's processes, as the log and the model card name it."""
+    if accelerator.distributed_type == DistributedType.FSDP:
+        return f"FSDP{accelerator.state.fsdp_plugin.fsdp_version}"
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        return "DeepSpeed"
+    return "DDP" if accelerator.num_processes > 1 else "one process"
+
+
+def requested_strategy() -> str | None:
+    """What the accelerate config asked for, as `accelerate launch` tells the processes it starts."""
+    for variable, strategy in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(variable, "false").lower() == "true":
+            return strategy
+    return None
+
+
+def report_strategy(trainer: Seq2SeqTrainer) -> None:
+    """Say which strategy trains, and warn when the config asked for another: accelerate 1.15 sets FSDP up on GPUs
+    only, and trains an FSDP config with --use_cpu true as plain DDP without a word."""
+    accelerator = trainer.accelerator
+    ran, asked = distributed_strategy(accelerator), requested_strategy()
+    logger.info("Distributed strategy: %s (%d processes)", ran, accelerator.num_processes)
+    if asked and not ran.startswith(asked) and trainer.is_world_process_zero():
+        logger.warning(
+            "The accelerate config asks for %s, but these %d processes train as %s%s",
+            asked,
+            accelerator.num_processes,
+            ran,
+            " (a full copy of the model in each, nothing sharded): accelerate sets up FSDP on GPUs only"
+            if accelerator.device.type == "cpu"
+            else "",
+        )
+
+
+def leave_together(trainer: Seq2SeqTrainer) -> None:
+    """The processes end together and close their process group: a process that left while the main one still
+    scored aborted in gloo's teardown ("terminate called without an active exception")."""
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
 
 
 # Measured (issue 28): minilm_quora.yaml on an AVX2-only AMD EPYC, 38.7 s per step with --bf16, 2.6 s without
@@ -654,7 +697,8 @@ def training_summary(
     return (
         f"{data} ({splits} pairs); AdamW lr {args.learning_rate}, {args.lr_scheduler_type.value} schedule, "
         f"{args.warmup_steps:g} warm-up steps, batch {args.per_device_train_batch_size} per device x "
-        f"{args.world_size} devices, {state.global_step} steps; kept {selection}."
+        f"{args.world_size} devices ({distributed_strategy(trainer.accelerator)}), {state.global_step} steps; kept "
+        f"{selection}."
     )
 
 
@@ -699,6 +743,7 @@ def run(
     if data_args.early_stopping_patience:
         callbacks.append(EarlyStoppingCallback(data_args.early_stopping_patience))
     trainer = make_trainer(model, tokenizer, features, training_args, data_args.max_target_length, callbacks)
+    report_strategy(trainer)
 
     metrics = train_and_score(trainer, corpus, features, metric, data_args.max_target_length)
     output_dir = training_args.output_dir
@@ -713,4 +758,5 @@ def run(
     if training_args.push_to_hub:
         with model_kept_on_failure(output_dir, "the push to the Hub"):
             trainer.push_to_hub(commit_message="C-DNPG checkpoint")
+    leave_together(trainer)
     return metrics
