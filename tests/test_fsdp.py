@@ -19,6 +19,7 @@ import torch.distributed as dist
 import yaml
 from safetensors.torch import load_file
 
+from tests.run_probe import weights_digest
 from tests.test_training import ROOT, TINY, run
 
 FSDP_CONFIG = ROOT / "training" / "configs" / "accelerate" / "fsdp.yaml"
@@ -111,6 +112,7 @@ def test_the_fsdp_model_loads_in_one_process_and_predicts_what_the_two_processes
     model = AutoModelForSeq2SeqLM.from_pretrained(fsdp_run, trust_remote_code=True)
     assert type(model).__name__ == "CDNPGForConditionalGeneration"
     assert model.lm_head.weight is model.model.shared.weight  # tied again on load
+    assert weights_digest(model) == digest(fsdp_run)  # bit for bit the weights the 2 processes trained
     paraphraser = pipeline("text2text-generation", model=str(fsdp_run), trust_remote_code=True)
     fsdp_rows = rows(fsdp_run / "predictions.jsonl")
     sources = [row["source"] for row in fsdp_rows]
