@@ -157,24 +157,18 @@ def report_strategy(trainer: Seq2SeqTrainer) -> None:
     only, and trains an FSDP config with --use_cpu true as plain DDP without a word."""
     accelerator = trainer.accelerator
     ran, asked = distributed_strategy(accelerator), requested_strategy()
-    logger.info("Distributed strategy: %s (%d processes)", ran, accelerator.num_processes)
+    processes = accelerator.num_processes
+    logger.info("Distributed strategy: %s (%d process%s)", ran, processes, "es" if processes > 1 else "")
     if asked and not ran.startswith(asked) and trainer.is_world_process_zero():
         logger.warning(
             "The accelerate config asks for %s, but these %d processes train as %s%s",
             asked,
-            accelerator.num_processes,
+            processes,
             ran,
             " (a full copy of the model in each, nothing sharded): accelerate sets up FSDP on GPUs only"
             if accelerator.device.type == "cpu"
             else "",
         )
-
-
-def leave_together(trainer: Seq2SeqTrainer) -> None:
-    """The processes end together and close their process group: a process that left while the main one still
-    scored aborted in gloo's teardown ("terminate called without an active exception")."""
-    trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.end_training()
 
 
 # Measured (issue 28): minilm_quora.yaml on an AVX2-only AMD EPYC, 38.7 s per step with --bf16, 2.6 s without
@@ -758,5 +752,4 @@ def run(
     if training_args.push_to_hub:
         with model_kept_on_failure(output_dir, "the push to the Hub"):
             trainer.push_to_hub(commit_message="C-DNPG checkpoint")
-    leave_together(trainer)
     return metrics
