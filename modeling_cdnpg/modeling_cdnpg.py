@@ -122,8 +122,9 @@ class GranularityHead(nn.Module):
         self.proj = nn.Linear(d_model, 1)  # W_G (with bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # fp32 so that the masks built from z stay exact under bf16/fp16 autocast
-        return torch.sigmoid(self.proj(hidden_states).float()).squeeze(-1)  # (b, t)
+        # fp32 so that the masks built from z stay exact under bf16/fp16 autocast; squeezed before the sigmoid, so
+        # that z is a tensor of its own, not a view (FSDP2 warns of a layer that returns a view)
+        return torch.sigmoid(self.proj(hidden_states).float().squeeze(-1))  # (b, t)
 
 
 def resonance_mask(z_i: torch.Tensor, z_j: torch.Tensor) -> torch.Tensor:

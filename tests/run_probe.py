@@ -3,8 +3,9 @@
     python tests/run_probe.py [--kill_after_step N] RUN_PY_ARGS...
 
 --kill_after_step N ends the process abruptly (os._exit) right after the checkpoint of step N is written, as a
-killed job would. At the end of training every process writes `weights-rank{R}.json` (a digest of its parameters) to
-the output directory, so that a test can check that all ranks hold identical weights.
+killed job would. At the end of training every process writes `weights-rank{R}.json` (`weights_digest` of its
+parameters) to the output directory, so that a test can check that all ranks hold identical weights, and that a
+saved model loads with them.
 """
 
 import hashlib
@@ -27,15 +28,21 @@ class KillAfterSave(TrainerCallback):
             os._exit(17)
 
 
+def weights_digest(model) -> str:
+    """sha256 of every parameter, each once under its first name (a tied weight has several): the same for a model
+    in training, under FSDP, and loaded from what it saved."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.named_parameters()):
+        if hasattr(tensor, "full_tensor"):  # FSDP2 shards parameters as DTensors: every rank gathers all
+            tensor = tensor.full_tensor()
+        digest.update(name.encode() + tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 class WeightDigest(TrainerCallback):
     def on_train_end(self, args, state, control, model=None, **kwargs):
-        digest = hashlib.sha256()
-        for name, tensor in sorted(model.state_dict().items()):
-            if hasattr(tensor, "full_tensor"):  # FSDP2 shards parameters as DTensors: every rank gathers all
-                tensor = tensor.full_tensor()
-            digest.update(name.encode() + tensor.detach().cpu().contiguous().numpy().tobytes())
         rank = args.process_index
-        (Path(args.output_dir) / f"weights-rank{rank}.json").write_text(json.dumps({"sha256": digest.hexdigest()}))
+        (Path(args.output_dir) / f"weights-rank{rank}.json").write_text(json.dumps({"sha256": weights_digest(model)}))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import evaluate
 import torch
 import transformers
 from accelerate import PartialState
+from accelerate.utils import DistributedType
 from transformers import (
     DataCollatorForSeq2Seq,
     EarlyStoppingCallback,
@@ -135,6 +136,42 @@ def check_distributed_launch(args: CDNPGTrainingArguments) -> None:
         )
 
 
+def distributed_strategy(accelerator) -> str:
+    """How accelerate set up this run's processes, as the log and the model card name it."""
+    if accelerator.distributed_type == DistributedType.FSDP:
+        return f"FSDP{accelerator.state.fsdp_plugin.fsdp_version}"
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        return "DeepSpeed"
+    return "DDP" if accelerator.num_processes > 1 else "one process"
+
+
+def requested_strategy() -> str | None:
+    """What the accelerate config asked for, as `accelerate launch` tells the processes it starts."""
+    for variable, strategy in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(variable, "false").lower() == "true":
+            return strategy
+    return None
+
+
+def report_strategy(trainer: Seq2SeqTrainer) -> None:
+    """Say which strategy trains, and warn when the config asked for another: accelerate 1.15 sets FSDP up on GPUs
+    only, and trains an FSDP config with --use_cpu true as plain DDP without a word."""
+    accelerator = trainer.accelerator
+    ran, asked = distributed_strategy(accelerator), requested_strategy()
+    processes = accelerator.num_processes
+    logger.info("Distributed strategy: %s (%d process%s)", ran, processes, "es" if processes > 1 else "")
+    if asked and not ran.startswith(asked) and trainer.is_world_process_zero():
+        logger.warning(
+            "The accelerate config asks for %s, but these %d processes train as %s%s",
+            asked,
+            processes,
+            ran,
+            " (a full copy of the model in each, nothing sharded): accelerate sets up FSDP on GPUs only"
+            if accelerator.device.type == "cpu"
+            else "",
+        )
+
+
 # Measured (issue 28): minilm_quora.yaml on an AVX2-only AMD EPYC, 38.7 s per step with --bf16, 2.6 s without
 BF16_EMULATION_COST = "about 15x slower than without (38.7 s against 2.6 s per step of minilm_quora.yaml)"
 
@@ -228,6 +265,53 @@ def share_tied_embedding_modules(model: torch.nn.Module) -> None:
     base = getattr(model, "model", None)
     if getattr(model.config, "tie_word_embeddings", False) and hasattr(base, "shared"):
         base.encoder.embed_tokens = base.decoder.embed_tokens = base.shared
+        base.register_state_dict_post_hook(drop_shared_module_keys)
+        base.register_load_state_dict_post_hook(accept_shared_module_keys_missing)
+
+
+SHARED_MODULE_KEYS = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")  # `shared` under two more names
+
+
+def drop_shared_module_keys(module, state_dict, prefix, local_metadata) -> None:
+    """The state dict names the shared embedding once (`shared.weight`), as `named_parameters` does. torch's FSDP
+    checkpoint loading lists each parameter under the first module that holds it: a checkpoint that also held
+    `encoder.embed_tokens.weight` failed to resume (KeyError in `set_model_state_dict`)."""
+    for key in SHARED_MODULE_KEYS:
+        state_dict.pop(prefix + key, None)
+
+
+def accept_shared_module_keys_missing(module, incompatible_keys) -> None:
+    """`load_state_dict` fills the shared embedding through `shared.weight`; its other names are not missing."""
+    incompatible_keys.missing_keys[:] = [
+        key for key in incompatible_keys.missing_keys if not key.endswith(SHARED_MODULE_KEYS)
+    ]
+
+
+@contextmanager
+def saved_as_its_own_class(model: torch.nn.Module) -> Iterator[None]:
+    """FSDP2 gives a sharded model a class of torch's making (`FSDPCDNPGForConditionalGeneration`, defined in
+    torch/distributed/fsdp); `save_pretrained` copies the code of the model's class into the checkpoint and names it
+    in config.json's `auto_map`, so FSDP runs saved torch's private FSDP files and an auto_map that could not load.
+    While saving, the model has its own class back."""
+    from torch.distributed.fsdp import FSDPModule
+
+    fsdp_class = type(model)
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    model.__class__ = next(base for base in fsdp_class.__bases__ if not issubclass(base, FSDPModule))
+    try:
+        yield
+    finally:
+        model.__class__ = fsdp_class
+
+
+def tied_names_aliased(state_dict: dict[str, torch.Tensor], model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """A state dict gathered from FSDP shards holds a separate copy of each tied weight; transformers recognizes tied
+    weights by their storage, and saved every copy. The tied names point at their source again, so that the
+    checkpoint stores the embedding once, as a single process saves it."""
+    tied = model.get_expanded_tied_weights_keys(all_submodels=True)  # {tied name: source name}
+    return {name: state_dict.get(tied.get(name), tensor) for name, tensor in state_dict.items()}
 
 
 @contextmanager
@@ -416,9 +500,29 @@ class CDNPGTrainer(Seq2SeqTrainer):
                 )
         return optimizer
 
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """The Trainer's save; under FSDP as a single process saves: the model's own code and each weight once."""
+        if state_dict is not None and self.is_fsdp_enabled:
+            state_dict = tied_names_aliased(state_dict, self.accelerator.unwrap_model(self.model))
+        with saved_as_its_own_class(self.model):
+            super()._save(output_dir, state_dict=state_dict)
+
+    @property
+    def fsdp_saves_shards(self) -> bool:
+        """FSDP with SHARDED_STATE_DICT: the Trainer's checkpoints hold FSDP's shards only, no model to load."""
+        plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
+        return self.is_fsdp_enabled and "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        super().save_model(output_dir, _internal_call=_internal_call)
-        if self.args.should_save and self.processing_class is not None:  # checkpoints come through here too
+        """The Trainer's save, with tokenizers that transformers 4.57 reads. With FSDP's SHARDED_STATE_DICT the
+        Trainer saves no model at all (checkpoints keep the shards): the run's own model is gathered and saved whole,
+        so that the output folder loads in one process."""
+        if self.fsdp_saves_shards and not _internal_call:
+            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+        else:
+            super().save_model(output_dir, _internal_call=_internal_call)
+        model_saved = not (self.fsdp_saves_shards and _internal_call)
+        if self.args.should_save and self.processing_class is not None and model_saved:  # checkpoints come here too
             make_tokenizer_config_portable(output_dir or self.args.output_dir)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
@@ -591,7 +695,8 @@ def training_summary(
     return (
         f"{data} ({splits} pairs); AdamW lr {args.learning_rate}, {args.lr_scheduler_type.value} schedule, "
         f"{args.warmup_steps:g} warm-up steps, batch {args.per_device_train_batch_size} per device x "
-        f"{args.world_size} devices, {state.global_step} steps; kept {selection}."
+        f"{args.world_size} devices ({distributed_strategy(trainer.accelerator)}), {state.global_step} steps; kept "
+        f"{selection}."
     )
 
 
@@ -636,6 +741,7 @@ def run(
     if data_args.early_stopping_patience:
         callbacks.append(EarlyStoppingCallback(data_args.early_stopping_patience))
     trainer = make_trainer(model, tokenizer, features, training_args, data_args.max_target_length, callbacks)
+    report_strategy(trainer)
 
     metrics = train_and_score(trainer, corpus, features, metric, data_args.max_target_length)
     output_dir = training_args.output_dir
