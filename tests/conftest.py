@@ -91,21 +91,8 @@ def train_tiny_paraphraser(
     targets = tokenizer(list(corpus["target"]), padding=True, return_tensors="pt")
     labels = targets["input_ids"][:, 1:].masked_fill(targets["attention_mask"][:, 1:] == 0, -100)
     torch.manual_seed(seed)
-    config = CDNPGConfig(
-        **model_token_ids(tokenizer),
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
-        max_position_embeddings=64,
-        granularity_mask=granularity_mask,
-        dropout=0.0,
-        attention_dropout=0.0,
-        **overrides,
-    )
+    sizes = dict(d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.0, attention_dropout=0.0)
+    config = tiny_config(**model_token_ids(tokenizer), **sizes, granularity_mask=granularity_mask, **overrides)
     model = CDNPGForConditionalGeneration(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     batches = torch.Generator().manual_seed(seed)
