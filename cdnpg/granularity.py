@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from cdnpg.inference import content_tokens, decoding_name, encode, generation_kwargs, input_limit
+from cdnpg.inference import decoding_name, encode, generation_kwargs, input_limit, longest_text_length
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -164,7 +164,7 @@ def word_granularities(
         return rows
 
     settings = generation_kwargs(
-        model, content_tokens(tokenizer, batch), num_beams=num_beams, max_new_tokens=max_new_tokens
+        model, longest_text_length(tokenizer, batch), num_beams=num_beams, max_new_tokens=max_new_tokens
     )
     sequence = model.generate(**batch, **settings)[0].tolist()
     eos = model.generation_config.eos_token_id

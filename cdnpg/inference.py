@@ -8,12 +8,12 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from modeling_cdnpg.pipeline_cdnpg import NO_LIMIT  # the pipeline's: one "no real limit" for both
+
 if TYPE_CHECKING:
     from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
-
-_NO_LIMIT = 10**6  # transformers' "no limit" model_max_length is 1e30; anything this large is no real limit
 
 
 def input_limit(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, str]:
@@ -27,10 +27,10 @@ def input_limit(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> t
     if positions:
         limit, reason = int(positions), f"the model's max_position_embeddings={positions}"
     tokenizer_max = getattr(tokenizer, "model_max_length", None)
-    if tokenizer_max and tokenizer_max < _NO_LIMIT and (limit is None or tokenizer_max < limit):
+    if tokenizer_max and tokenizer_max < NO_LIMIT and (limit is None or tokenizer_max < limit):
         limit, reason = int(tokenizer_max), f"the tokenizer's model_max_length={tokenizer_max}"
     if limit is None:
-        limit, reason = _NO_LIMIT, "no limit declared"
+        limit, reason = NO_LIMIT, "no limit declared"
     return limit, reason
 
 
@@ -101,7 +101,7 @@ def generation_kwargs(
     """
     config = model.generation_config
     positions = getattr(model.config, "max_position_embeddings", None)
-    cap = int(positions) - 1 if positions else _NO_LIMIT
+    cap = int(positions) - 1 if positions else NO_LIMIT
     if max_new_tokens is not None:
         if max_new_tokens > cap:
             logger.warning(
@@ -133,7 +133,7 @@ def generation_kwargs(
     }
 
 
-def content_tokens(tokenizer: PreTrainedTokenizerBase, batch: BatchEncoding) -> int:
+def longest_text_length(tokenizer: PreTrainedTokenizerBase, batch: BatchEncoding) -> int:
     """The longest input of an encoded batch in tokens, not counting the special tokens the tokenizer adds."""
     return max(0, int(batch["attention_mask"].sum(-1).max()) - tokenizer.num_special_tokens_to_add())
 

@@ -163,6 +163,22 @@ def source_ngrams(
     return windows.masked_fill(~valid[..., None], -1), weights.masked_fill(~valid, 0.0)
 
 
+def diversity_ngrams(
+    candidate: torch.LongTensor,
+    source_ids: torch.LongTensor,
+    detail: torch.Tensor,
+    special_ids: torch.Tensor,
+    tokenizer,
+) -> tuple[torch.LongTensor, torch.Tensor]:
+    """The bigrams of a candidate already chosen, and what repeating each costs a later candidate: DIVERSITY_PENALTY
+    times its template weight, a token's detail being its largest z in the source (0 for a token not in it)."""
+    token_detail = ((candidate[:, None] == source_ids[None, :]) * detail[None, :]).amax(-1)
+    ids = candidate[None]
+    starts = word_starts(tokenizer, ids) if tokenizer is not None else None
+    grams, template = source_ngrams(ids, torch.ones_like(ids), token_detail[None], special_ids, starts)
+    return grams[0], DIVERSITY_PENALTY * template[0]
+
+
 def ngram_penalties(sequences: torch.LongTensor, ngrams: torch.LongTensor, weights: torch.Tensor) -> torch.Tensor:
     """For each position t of each sequence (r, t), the weight of the n-gram that token t completes (its largest
     weight if several match; 0 if none): what `SourceNgramPenaltyLogitsProcessor` took off that token.
@@ -685,22 +701,6 @@ def paraphrase_generate(
         return CDNPGParaphraseOutput(sequences, *score_candidates(model, source, sequences, novelty, keep_details))
     chosen = decode_groups(generate, source, config, novelty, wanted, allow_copy, logits_processor, model_kwargs)
     return ranked_candidates(model, source, chosen, wanted, novelty, keep_details, config.pad_token_id, return_dict)
-
-
-def diversity_ngrams(
-    candidate: torch.LongTensor,
-    source_ids: torch.LongTensor,
-    detail: torch.Tensor,
-    special_ids: torch.Tensor,
-    tokenizer,
-) -> tuple[torch.LongTensor, torch.Tensor]:
-    """The bigrams of a candidate already chosen, and what repeating each costs a later candidate: DIVERSITY_PENALTY
-    times its template weight, a token's detail being its largest z in the source (0 for a token not in it)."""
-    token_detail = ((candidate[:, None] == source_ids[None, :]) * detail[None, :]).amax(-1)
-    ids = candidate[None]
-    starts = word_starts(tokenizer, ids) if tokenizer is not None else None
-    grams, template = source_ngrams(ids, torch.ones_like(ids), token_detail[None], special_ids, starts)
-    return grams[0], DIVERSITY_PENALTY * template[0]
 
 
 __all__ = [
