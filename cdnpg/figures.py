@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 # both ends mean something (blue: sentence-level template, red: phrase-level detail), 0.5 is neutral grey.
 COLOR_STOPS = ((0.0, (59, 76, 192)), (0.5, (221, 221, 221)), (1.0, (180, 4, 38)))
 SCALE_LABEL = "z: 0 = sentence-level template, 1 = phrase-level detail"
-AGGREGATION_NOTE = "One cell per word: the mean z of its word pieces. [CLS] and [SEP] are omitted."
+AGGREGATION_NOTE = "One cell per word: the largest z of its word pieces. [CLS] and [SEP] are omitted."
 
 
 def z_to_rgb(z: float) -> tuple[int, int, int]:

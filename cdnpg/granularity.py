@@ -5,8 +5,10 @@ sentence-level template. :func:`word_granularities` runs a C-DNPG model on one s
 self-attention (and, optionally, every decoder self-attention over the model's own paraphrase) and aggregates word
 pieces into words; :mod:`cdnpg.figures` draws the result.
 
-Aggregation rule: a word's z is the mean of the z of its word pieces (words as the fast tokenizer's `word_ids()`
-defines them); special tokens ([CLS], [SEP], ...) are omitted.
+Aggregation rule: a word's z is the largest z of its word pieces (words as the fast tokenizer's `word_ids()` defines
+them), the rule decoding weighs words by (`generation_cdnpg.word_detail`): a word is as much a detail as its most
+detailed piece. Chosen by measurement against the mean on the tuning half (docs/novelty.md); special tokens ([CLS],
+[SEP], ...) are omitted.
 
     from cdnpg.granularity import word_granularities
     from cdnpg.figures import render_png, render_text
@@ -106,7 +108,7 @@ def _check_model(model: PreTrainedModel) -> None:
         )
 
 
-def _mean_rows(
+def _word_rows(
     granularities: Sequence[torch.Tensor],
     groups: list[list[int]],
     words: list[str],
@@ -117,8 +119,8 @@ def _mean_rows(
     rows = []
     for layer, z in enumerate(granularities, start=1):
         values = z[0].float().cpu()
-        means = [float(values[group].mean()) for group in groups]
-        rows.append(LayerRow(f"{stack} {layer}", stack, list(words), means, sentence, description))
+        per_word = [float(values[group].max()) for group in groups]  # the largest z of the word's pieces
+        rows.append(LayerRow(f"{stack} {layer}", stack, list(words), per_word, sentence, description))
     return rows
 
 
@@ -157,7 +159,7 @@ def word_granularities(
     )
     if encoder_out.granularities is None:
         raise GranularityUnavailableError("the model returned no encoder granularities (no granularity heads)")
-    rows = _mean_rows(
+    rows = _word_rows(
         encoder_out.granularities, groups, words, "encoder", text, "encoder self-attention over the input"
     )
     if not decoder:
@@ -183,4 +185,4 @@ def word_granularities(
         use_cache=False,
     )
     description = f"decoder self-attention over the model's paraphrase ({decoding_name(model, settings['num_beams'])})"
-    return rows + _mean_rows(output.decoder_granularities, dec_groups, dec_words, "decoder", paraphrase, description)
+    return rows + _word_rows(output.decoder_granularities, dec_groups, dec_words, "decoder", paraphrase, description)

@@ -367,7 +367,7 @@ def test_help_exits_0(capsys):
     assert "--decoder" in capsys.readouterr().out
 
 
-def test_word_z_is_the_mean_of_its_pieces(loaded):
+def test_word_z_is_the_largest_z_of_its_pieces_as_decoding_weighs_words(loaded):
     model, tokenizer = loaded
     encoding = tokenizer(SPLIT_SENTENCE, return_tensors="pt")
     pieces = tokenizer.convert_ids_to_tokens(encoding["input_ids"][0])
@@ -382,7 +382,7 @@ def test_word_z_is_the_mean_of_its_pieces(loaded):
     for layer, row in enumerate(rows):
         for word, value in enumerate(row.z):
             positions = [p for p, w in enumerate(word_ids) if w == word]
-            assert value == pytest.approx(z[layer][0, positions].mean().item(), abs=1e-6)
+            assert value == pytest.approx(z[layer][0, positions].max().item(), abs=1e-6)
 
 
 def test_decoder_rows_follow_the_models_own_paraphrase(loaded):
@@ -454,7 +454,7 @@ def test_render_html_escapes_words_and_has_tooltips_and_legend():
     assert "<b></span>" not in page and "&lt;b&gt;" in page and "&amp;" in page
     assert f'title="python: z = {rows[0].z[2]:.2f} (encoder 1)"' in page
     assert "sentence-level template" in page and "phrase-level detail" in page
-    assert "mean z of its word pieces" in page
+    assert "largest z of its word pieces" in page
     assert page.count("<tr>") == 3
 
 
