@@ -92,7 +92,7 @@ def test_fsdp_runs_embed_with_the_shared_module_and_compute_what_they_computed()
     another module also holds; under FSDP, CDNPGTrainer makes the tied stacks embed with `shared` itself."""
     import torch
 
-    from cdnpg.training.pipeline import share_tied_embedding_modules
+    from cdnpg.training.trainer import share_tied_embedding_modules
     from tests.conftest import tiny_model
 
     model = tiny_model()

@@ -107,7 +107,7 @@ def test_the_shipped_fsdp_config_trains_every_stage_as_fsdp2_and_saves_an_ordina
 def test_the_fsdp_model_loads_in_one_process_and_predicts_what_the_two_processes_predicted(fsdp_run):
     from transformers import AutoModelForSeq2SeqLM, pipeline
 
-    from cdnpg.training.pipeline import load_metric, score
+    from cdnpg.training.scoring import load_metric, score
 
     model = AutoModelForSeq2SeqLM.from_pretrained(fsdp_run, trust_remote_code=True)
     assert type(model).__name__ == "CDNPGForConditionalGeneration"
@@ -186,7 +186,7 @@ def check_parity(rank: int, mesh, mask: str, tied: bool, batch: dict[str, torch.
     under FSDP2 against one process's."""
     import copy
 
-    from cdnpg.training.pipeline import fsdp_root_unsharded
+    from cdnpg.training.trainer import fsdp_root_unsharded
     from tests.conftest import tiny_model
 
     case = f"{mask}, tied={tied}"

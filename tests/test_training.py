@@ -124,13 +124,16 @@ def test_the_docstring_command_trains_on_the_given_files(tmp_path):
 
 @pytest.mark.parametrize(
     "broken, step",
-    [("render_model_card", "writing the model card"), ("score", "generation and scoring of the test split")],
+    [
+        ("trainer.render_model_card", "writing the model card"),
+        ("pipeline.score", "generation and scoring of the test split"),
+    ],
 )
 def test_a_failure_after_training_keeps_the_saved_model(tmp_path, monkeypatch, broken, step):
     def fail(*args, **kwargs):
         raise FileNotFoundError("simulated failure")
 
-    monkeypatch.setattr(f"cdnpg.training.pipeline.{broken}", fail)
+    monkeypatch.setattr(f"cdnpg.training.{broken}", fail)
     output = tmp_path / "out"
     with pytest.raises(PostTrainingError) as error:
         main(["--output_dir", str(output), *TINY, "--max_steps", "3", "--do_train", "--do_predict"])
@@ -431,7 +434,7 @@ def test_the_trained_checkpoint_is_calibrated_and_its_card_says_what_was_kept(tm
 
 def test_granularity_learning_rate_trains_only_the_granularity_heads_at_that_rate_on_the_same_schedule(tmp_path):
     from cdnpg.training.arguments import CDNPGTrainingArguments
-    from cdnpg.training.pipeline import CDNPGTrainer
+    from cdnpg.training.trainer import CDNPGTrainer
 
     model = tiny_model(granularity_mask="resonance")
     common = dict(output_dir=str(tmp_path), learning_rate=1e-4, warmup_steps=2, weight_decay=0.01, use_cpu=True, eval_strategy="no", save_strategy="no", load_best_model_at_end=False,
@@ -553,7 +556,7 @@ def test_a_plain_run_logs_no_warning_caused_by_its_own_settings(tmp_path):
 
 
 def test_the_checkpoint_named_after_ctrl_c_is_the_last_one_the_trainer_finished_writing(tmp_path):
-    from cdnpg.training.pipeline import last_complete_checkpoint
+    from cdnpg.training.output_dir import last_complete_checkpoint
 
     assert last_complete_checkpoint(tmp_path) is None
     for step, complete in ((5, True), (10, True), (15, False), (9, True)):

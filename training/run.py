@@ -22,7 +22,7 @@ as soon as training ends: a later failure (scoring, model card, push) says what 
 Everything here is the installed `cdnpg.training` package; this file is its command line (`cdnpg.training.entry`).
 """
 
-from cdnpg.training import cli
+from cdnpg.training.entry import cli
 
 if __name__ == "__main__":
     cli()

@@ -3,7 +3,14 @@ functions.
 
 - `arguments`: `ModelArguments` (architecture flags default to CDNPGConfig's, the paper's), `DataArguments` (the data
   source is inferred from the data flags), `CDNPGTrainingArguments` (the paper's recipe), `parse_args`;
-- `pipeline`: data and tokenizer, model, `CDNPGTrainer`, then train, save, evaluate, predict and score (`main`);
+- `pipeline`: `main`, what run.py does, top to bottom: parse, check, output folder, data, model, Trainer, then train,
+  save, evaluate, predict and score (`train_and_score`), write the card, push;
+- `checks`: the launch and the hardware (processes launched together, --bf16 on a CPU that emulates it);
+- `output_dir`: the run's folder (refused when not empty, resumed, replaced) and the errors that say where the model is;
+- `data`: pairs, tokenizer and features (`prepare_data`);
+- `model`: the model to train (`build_model`) and the calibration of z after training;
+- `trainer`: `CDNPGTrainer` (optimizer groups, decoding defaults, the card, the DDP / FSDP workarounds), `make_trainer`;
+- `scoring`: the paper's metrics on the test split's predictions, the metrics files, the card's account of the run;
 - `baselines`: transformers' BART of the same size;
 - `paraphrase_metrics`: the paper's metrics as an `evaluate` module (`load_metric()`, or
   `evaluate.load(cdnpg.training.METRICS_SCRIPT)`);
@@ -20,11 +27,13 @@ _EXPORTS = {
     "arguments": ("DATASETS", "CDNPGTrainingArguments", "DataArguments", "ModelArguments", "UsageError", "parse_args"),
     "baselines": ("bart_config_like", "bart_like"),
     "entry": ("cli",),
-    "pipeline": (
-        "METRICS_SCRIPT", "CDNPGTrainer", "PostTrainingError", "TrainingInterrupted", "build_config", "build_model",
-        "check_bf16_on_cpu", "data_name", "decoding_config", "load_metric", "load_pairs", "main", "make_trainer",
-        "predict", "prepare_data", "score", "tokenize", "train_and_score", "write_predictions",
-    ),
+    "checks": ("check_bf16_on_cpu",),
+    "data": ("data_name", "load_pairs", "prepare_data", "tokenize"),
+    "model": ("build_config", "build_model"),
+    "output_dir": ("PostTrainingError", "TrainingInterrupted"),
+    "pipeline": ("main", "train_and_score"),
+    "scoring": ("METRICS_SCRIPT", "load_metric", "predict", "score", "write_predictions"),
+    "trainer": ("CDNPGTrainer", "decoding_config", "make_trainer"),
 }  # fmt: skip
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -46,7 +46,8 @@ def cli(argv: list[str] | None = None) -> None:
 
     from cdnpg.data import DataFileError
     from cdnpg.training.arguments import UsageError
-    from cdnpg.training.pipeline import PostTrainingError, TrainingInterrupted, main
+    from cdnpg.training.output_dir import PostTrainingError, TrainingInterrupted
+    from cdnpg.training.pipeline import main
 
     try:
         main(argv)

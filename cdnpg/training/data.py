@@ -1,0 +1,110 @@
+"""A run's data: the (source, target) pairs from the source the flags name, the tokenizer (given, the checkpoint's, or
+WordPiece trained on the training split), and the tokenized features."""
+
+import logging
+from pathlib import Path
+
+import datasets
+from transformers import PreTrainedTokenizerBase
+
+from cdnpg.data import (
+    MissingColumnError,
+    both_directions,
+    load_pair_files,
+    load_tokenizer,
+    prepare_quora,
+    prepare_twitter_url,
+    template_corpus,
+    train_wordpiece_tokenizer,
+)
+from cdnpg.training.arguments import TEMPLATE_SIZES, CDNPGTrainingArguments, DataArguments, ModelArguments, UsageError
+
+logger = logging.getLogger("cdnpg.training")
+
+
+def load_pairs(args: DataArguments) -> datasets.DatasetDict:
+    """Raw (source, target) splits named train / validation / test, from the source the arguments name."""
+    if args.dataset == "template":
+        train, valid, test = args.template_sizes or TEMPLATE_SIZES
+        corpus = template_corpus(num_train=train, num_valid=valid, num_test=test, seed=args.data_seed_split)
+    elif args.dataset == "files":
+        files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
+        try:
+            corpus, report = load_pair_files(
+                {k: v for k, v in files.items() if v}, args.source_column, args.target_column
+            )
+        except MissingColumnError as error:
+            raise UsageError(
+                f"{error}: name the columns with --source_column and --target_column (now {args.source_column!r} "
+                f"and {args.target_column!r})"
+            ) from None
+        logger.info("Read pair files: %s", report.to_dict())
+    elif args.dataset == "quora_raw":
+        corpus, report = prepare_quora(args.quora_file, seed=args.data_seed_split)
+        logger.info("Prepared Quora: %s", report.to_dict())
+    elif args.dataset == "twitter_url_raw":
+        corpus, report = prepare_twitter_url(
+            args.twitter_train_file, args.twitter_test_files, seed=args.data_seed_split
+        )
+        logger.info("Prepared Twitter URL: %s", report.to_dict())
+    else:
+        corpus = datasets.load_dataset(args.dataset_name)
+        corpus = corpus.rename_columns({args.source_column: "source", args.target_column: "target"})
+    corpus = datasets.DatasetDict({("validation" if k == "valid" else k): v for k, v in corpus.items()})
+    limits = {"train": args.max_train_samples, "validation": args.max_eval_samples, "test": args.max_predict_samples}
+    for split, limit in limits.items():
+        if limit is not None and split in corpus:
+            corpus[split] = corpus[split].select(range(min(limit, len(corpus[split]))))
+    if args.both_directions and "train" in corpus:
+        corpus["train"] = both_directions(corpus["train"])
+    return corpus
+
+
+def data_name(args: DataArguments) -> str:
+    """The training data as the model card names it: the Hub dataset, the file (with its folder), or the template."""
+    path = {"files": args.train_file, "quora_raw": args.quora_file, "twitter_url_raw": args.twitter_train_file}
+    if args.dataset in path:
+        resolved = Path(path[args.dataset]).resolve()
+        return f"{resolved.parent.name}/{resolved.name}"
+    return args.dataset_name if args.dataset == "hub" else args.dataset
+
+
+def tokenize(corpus: datasets.DatasetDict, tokenizer, args: DataArguments) -> datasets.DatasetDict:
+    """Sources as `[CLS] tokens [SEP]`; labels as `tokens [SEP]`, since the decoder starts from [CLS] itself."""
+
+    def encode(batch):
+        features = tokenizer(batch["source"], max_length=args.max_source_length, truncation=True)
+        targets = tokenizer(batch["target"], max_length=args.max_target_length + 1, truncation=True)
+        return {
+            "input_ids": features["input_ids"],
+            "attention_mask": features["attention_mask"],
+            "labels": [ids[1:] for ids in targets["input_ids"]],
+        }
+
+    return corpus.map(encode, batched=True, remove_columns=corpus["train"].column_names, desc="Tokenizing")
+
+
+def prepare_data(
+    model_args: ModelArguments, data_args: DataArguments, training_args: CDNPGTrainingArguments
+) -> tuple[datasets.DatasetDict, PreTrainedTokenizerBase, datasets.DatasetDict]:
+    """Pairs, tokenizer and features; the main process first, the others reuse its cache and tokenizer.
+
+    The tokenizer is `--tokenizer_name`'s, the fine-tuned checkpoint's, or WordPiece trained on the training split
+    and kept in `output_dir/tokenizer`, so that a resumed run keeps its vocabulary.
+    """
+    with training_args.main_process_first(desc="data preparation"):
+        corpus = load_pairs(data_args)
+        logger.info("Splits: %s", {split: len(rows) for split, rows in corpus.items()})
+        tokenizer_dir = Path(training_args.output_dir) / "tokenizer"
+        if model_args.tokenizer_name or model_args.model_name_or_path or model_args.init_from:
+            tokenizer = load_tokenizer(
+                model_args.tokenizer_name or model_args.model_name_or_path or model_args.init_from
+            )
+        elif training_args.process_index == 0 and not tokenizer_dir.is_dir():
+            texts = [*corpus["train"]["source"], *corpus["train"]["target"]]
+            tokenizer = train_wordpiece_tokenizer(texts, vocab_size=model_args.vocab_size)
+            tokenizer.save_pretrained(tokenizer_dir)
+        else:
+            tokenizer = load_tokenizer(tokenizer_dir)
+        features = tokenize(corpus, tokenizer, data_args)
+    return corpus, tokenizer, features

@@ -1,0 +1,128 @@
+"""The run's folder: transformers' output_dir convention (refuse a non-empty one unless the run resumes or replaces
+it), the checkpoint a resumed run continues from, and the errors that say where the model is when a run stops early:
+Ctrl-C (`TrainingInterrupted`) or a failure after the save (`PostTrainingError`)."""
+
+import logging
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from accelerate import PartialState
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from cdnpg.training.arguments import CDNPGTrainingArguments, UsageError
+
+logger = logging.getLogger("cdnpg.training")
+# What a run writes to output_dir. Any of the first marks a folder as an earlier run's, which --overwrite_output_dir
+# may remove; the results are what a resumed run replaces, so none of them outlives the run that wrote it.
+RUN_FILES = ("config.json", "trainer_state.json", "training_args.bin", "tokenizer", "all_results.json")
+RESULT_FILES = (
+    "predictions.jsonl", "all_results.json", "train_results.json", "eval_results.json", "test_results.json", "README.md"
+)  # fmt: skip
+
+
+class PostTrainingError(RuntimeError):
+    """A step after the model was saved failed: the message says which, and where the model is."""
+
+
+def last_complete_checkpoint(folder: Path) -> str | None:
+    """The newest checkpoint the Trainer finished writing (its trainer_state.json comes last): Ctrl-C during a save
+    leaves a newer folder without it, which cannot be resumed."""
+    steps = [
+        (int(path.name.removeprefix(PREFIX_CHECKPOINT_DIR + "-")), path)
+        for path in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+        if path.name.removeprefix(PREFIX_CHECKPOINT_DIR + "-").isdigit() and (path / TRAINER_STATE_NAME).is_file()
+    ]
+    return str(max(steps)[1]) if steps else None
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: the message names the last checkpoint and how to resume from it."""
+
+    def __init__(self, output_dir: str, argv: Sequence[str]):
+        folder = Path(output_dir)
+        last = last_complete_checkpoint(folder)
+        if last is None:
+            message = f"interrupted before the first checkpoint in {folder}: nothing to resume, run again"
+        else:
+            given = list(argv)
+            if "--resume_from_checkpoint" in given:  # the flag and its value make way for the new checkpoint
+                at = given.index("--resume_from_checkpoint")
+                del given[at : at + 2]
+            given = [arg for arg in given if not arg.startswith("--resume_from_checkpoint=")]
+            launcher = "<the same launch command>" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python"
+            command = shlex.join([sys.argv[0], *given, "--resume_from_checkpoint", last])
+            message = f"interrupted; the last checkpoint is {last}. Resume with: {launcher} {command}"
+        super().__init__(message)
+
+
+@contextmanager
+def model_kept_on_failure(output_dir: str | os.PathLike, step: str) -> Iterator[None]:
+    """Run a step that comes after the model was saved; its failure becomes a `PostTrainingError` saying so."""
+    try:
+        yield
+    except Exception as error:
+        logger.exception("%s failed", step)
+        raise PostTrainingError(
+            f"{step} failed ({type(error).__name__}: {error}); the trained model is saved in {output_dir}"
+        ) from error
+
+
+def check_resumable(checkpoint: str) -> None:
+    """A checkpoint resumes a run only with the optimizer and schedule state beside the weights; without them the
+    Trainer would silently restart warm-up and AdamW's moments from zero."""
+    path = Path(checkpoint)
+    if not path.is_dir():
+        raise UsageError(f"--resume_from_checkpoint {checkpoint}: no such checkpoint folder")
+    if not (path / "trainer_state.json").is_file():
+        raise UsageError(f"--resume_from_checkpoint {checkpoint}: not a Trainer checkpoint (no trainer_state.json)")
+    if not any(path.glob("optimizer*")) or not any(path.glob("scheduler*")):
+        raise UsageError(
+            f"--resume_from_checkpoint {checkpoint}: the checkpoint holds the model but not the optimizer and "
+            "learning-rate schedule (saved with save_only_model), so resuming would restart warm-up and AdamW from "
+            f"zero. Start a new run from its weights with --model_name_or_path {checkpoint}, or save checkpoints "
+            "with --save_only_model false"
+        )
+
+
+def prepare_output_dir(args: CDNPGTrainingArguments, inputs: Sequence[str | None] = ()) -> None:
+    """transformers' convention: a non-empty output_dir is refused unless the run continues (--resume_from_checkpoint)
+    or replaces (--overwrite_output_dir) the one there, so nothing of an earlier run is silently reused or mixed in.
+    Replacing removes every file of the earlier run; resuming keeps its checkpoints and tokenizer and removes its
+    results (predictions, metrics, card), which the resumed run writes anew."""
+    if args.resume_from_checkpoint:
+        check_resumable(args.resume_from_checkpoint)
+    folder = Path(args.output_dir)
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    if entries and not args.overwrite_output_dir and not args.resume_from_checkpoint:
+        raise UsageError(
+            f"--output_dir {folder} is not empty ({', '.join(path.name for path in entries[:4])}"
+            f"{', ...' if len(entries) > 4 else ''}): give --overwrite_output_dir to replace the run there (its "
+            "files are removed), --resume_from_checkpoint to continue it, or another --output_dir"
+        )
+    if entries and args.overwrite_output_dir and not args.resume_from_checkpoint:
+        for given in filter(None, inputs):  # the model, tokenizer or data this run reads must survive the clean-up
+            if Path(given).resolve().is_relative_to(folder.resolve()):
+                raise UsageError(
+                    f"--overwrite_output_dir would remove {given}, which this run reads: choose another --output_dir"
+                )
+    if entries and args.overwrite_output_dir and not any((folder / name).exists() for name in RUN_FILES):
+        raise UsageError(
+            f"--output_dir {folder} holds files but no training run (none of {', '.join(RUN_FILES)}); "
+            "--overwrite_output_dir removes only an earlier run's folder: choose another --output_dir"
+        )
+    PartialState().wait_for_everyone()  # every process has looked before the main one changes anything
+    if entries and args.process_index == 0:
+        if args.overwrite_output_dir and not args.resume_from_checkpoint:
+            logger.info("Removing the earlier run in %s (--overwrite_output_dir)", folder)
+            doomed = entries
+        else:
+            doomed = [folder / name for name in RESULT_FILES if (folder / name).exists()]
+        for path in doomed:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    PartialState().wait_for_everyone()

@@ -1,0 +1,72 @@
+"""The paper's metrics on a run's predictions: the `evaluate` module, beam search on the test split, the scores, the
+predictions file, the metrics files, and the model card's account of the run."""
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import datasets
+import evaluate
+from transformers import Seq2SeqTrainer
+
+from cdnpg.training.trainer import distributed_strategy
+
+METRICS_SCRIPT = Path(__file__).with_name("paraphrase_metrics.py")  # an `evaluate` module, shipped in the package
+
+
+def load_metric() -> evaluate.EvaluationModule:
+    """The paper's metrics through `evaluate`, tried on one sentence: a missing WordNet fails now, not after
+    training."""
+    metric = evaluate.load(str(METRICS_SCRIPT))
+    metric.compute(predictions=["a test"], references=["a test"], sources=["a test"])
+    return metric
+
+
+def predict(trainer: Seq2SeqTrainer, features: datasets.Dataset) -> tuple[list[str], dict[str, float]]:
+    """Beam search on a tokenized split with the model's decoding defaults: the texts, and the Trainer's metrics."""
+    output = trainer.predict(features, metric_key_prefix="test")
+    ids = output.predictions
+    ids[ids < 0] = trainer.processing_class.pad_token_id  # the padding between batches of different lengths
+    return trainer.processing_class.batch_decode(ids, skip_special_tokens=True), output.metrics
+
+
+def score(metric: evaluate.EvaluationModule, predictions: Sequence[str], pairs: datasets.Dataset) -> dict[str, float]:
+    """The paper's metrics of the predictions against the pairs' targets and sources, as `test_*` keys."""
+    scores = metric.compute(predictions=list(predictions), references=pairs["target"], sources=pairs["source"])
+    return {f"test_{key}": float(value) for key, value in scores.items()}
+
+
+def write_predictions(path: str | os.PathLike, pairs: datasets.Dataset, predictions: Sequence[str]) -> None:
+    """One JSON line per pair: source, reference, prediction."""
+    with Path(path).open("w", encoding="utf-8") as out:
+        for source, reference, predicted in zip(pairs["source"], pairs["target"], predictions, strict=True):
+            row = {"source": source, "reference": reference, "prediction": predicted}
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def record(trainer: Seq2SeqTrainer, split: str, new: dict[str, float], metrics: dict[str, float]) -> None:
+    """Log the metrics of a stage, write them to `<split>_results.json` and `all_results.json`, and collect them."""
+    trainer.log_metrics(split, new)
+    trainer.save_metrics(split, new)
+    metrics.update(new)
+
+
+def training_summary(
+    trainer: Seq2SeqTrainer, data: str, corpus: datasets.DatasetDict, metrics: dict[str, float]
+) -> str:
+    """The model card's account of the data, the recipe and which model was kept."""
+    args, state = trainer.args, trainer.state
+    splits = ", ".join(f"{len(rows):,} {split}" for split, rows in corpus.items())
+    if args.load_best_model_at_end and state.best_metric is not None:
+        selection = f"the checkpoint with the best validation {args.metric_for_best_model} ({state.best_metric:.4f})"
+    else:
+        selection = f"the model of the last step ({state.global_step})"
+    if "eval_loss" in metrics:
+        selection += f", validation loss {metrics['eval_loss']:.4f}"
+    return (
+        f"{data} ({splits} pairs); AdamW lr {args.learning_rate}, {args.lr_scheduler_type.value} schedule, "
+        f"{args.warmup_steps:g} warm-up steps, batch {args.per_device_train_batch_size} per device x "
+        f"{args.world_size} devices ({distributed_strategy(trainer.accelerator)}), {state.global_step} steps; kept "
+        f"{selection}."
+    )
