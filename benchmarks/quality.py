@@ -49,7 +49,7 @@ from report import show
 from cdnpg import training
 from cdnpg.data import load_tokenizer, save_tokenizer, train_wordpiece_tokenizer, write_template_corpus
 from cdnpg.training.paraphrase_metrics import common_words, detail_words, retention
-from configuration_cdnpg import GRANULARITY_MASKS, CDNPGConfig
+from configuration_cdnpg import COPY_MECHANISMS, GRANULARITY_MASKS, CDNPGConfig
 
 BART, BERT2BERT, COPY, HUMAN, WARM = "bart", "bert2bert", "copy-source", "human references", "warm-"
 SPREAD_PAIRS, SPREAD_TOKENS = 256, 20  # granularity_spread: test pairs read, tokens per sentence (the paper's limit)
@@ -85,6 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warm_variants", **masks, default=["none", "resonance"], help="warm-started from --init_from")
     add("--warm_learning_rate", type=float, help=f"of the warm-started models ({RECIPE['warm_learning_rate']})")
     add("--warm_granularity_learning_rate", type=float, help="of their granularity heads (run.py's flag)")
+    add("--copy_mechanism", choices=COPY_MECHANISMS[1:], help="of every C-DNPG model (named in the model's row)")
+    add("--both_directions", action="store_true", help="C-DNPG models also learn each pair reversed (run.py's)")
     add("--extra_test", action="append", default=[], metavar="NAME=FILE", help="another test set (repeatable)")
     add("--seeds", type=int, nargs="+", default=[0], help="one run per seed; mean ± std when several")
     for name in (*SIZE_FLAGS, "batch_size", "eval_batch_size"):
@@ -168,9 +170,21 @@ def recipe_argv(args: argparse.Namespace, files: dict[str, Path], tokenizer: Pat
     return argv
 
 
+def model_name(mask: str, args: argparse.Namespace) -> str:
+    """A C-DNPG model's row: its mask, and its copy gate and data when given ("warm-resonance+copy-learned+both")."""
+    return (
+        mask
+        + (f"+copy-{args.copy_mechanism}" if args.copy_mechanism else "")
+        + ("+both" if args.both_directions else "")
+    )
+
+
 def model_argv(name: str, args: argparse.Namespace, argv: list[str]) -> list[str]:
-    """The run.py flags of one model: the shared recipe; for the warm-started ones and bert2bert, the checkpoint's
-    own sizes and tokenizer and the warm learning rate."""
+    """The run.py flags of one model: the shared recipe; the copy gate and both directions for C-DNPG; for the
+    warm-started ones and bert2bert, the checkpoint's own sizes and tokenizer and the warm learning rate."""
+    if name not in (BART, BERT2BERT):
+        argv = [*argv, *(["--copy_mechanism", args.copy_mechanism] if args.copy_mechanism else [])]
+        argv += ["--both_directions", "true"] if args.both_directions else []
     if not (name.startswith(WARM) or name == BERT2BERT):
         return argv
     dropped = {"--tokenizer_name", "--learning_rate", *(f"--{flag}" for flag in SIZE_FLAGS)}
@@ -198,7 +212,8 @@ def train(name: str, argv: list[str], log_path: Path, threads: int | None, metri
     env["PYTHONUNBUFFERED"] = "1"  # the log shows the losses as they come
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    command = [sys.executable, str(ROOT / "training" / "run.py"), "--granularity_mask", name.removeprefix(WARM), *argv]
+    mask = name.removeprefix(WARM).split("+")[0]
+    command = [sys.executable, str(ROOT / "training" / "run.py"), "--granularity_mask", mask, *argv]
     with log_path.open("w", encoding="utf-8") as log:
         completed = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
     if completed.returncode != 0:
@@ -286,6 +301,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "vocab_size": len(load_tokenizer(tokenizer_dir)), "batch_size": training_args.per_device_train_batch_size,
         "num_beams": training_args.generation_num_beams, "max_new_tokens": data_args.max_target_length,
         **{key: getattr(args, key) for key in (*RECIPE, "warm_granularity_learning_rate", "init_from", "bf16")},
+        **{key: getattr(args, key) for key in ("copy_mechanism", "both_directions") if getattr(args, key)},
     }  # fmt: skip
     check_setup(runs_path, data)
     check_setup(runs_path, settings)
@@ -300,12 +316,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         copied[test] = test_metrics(training.score(metric, pairs["source"], pairs))
     metrics = {**copied.pop(""), **kept(details, test_pairs["source"])}
     append_run(runs_path, {**anchor, "model": COPY, "metrics": metrics, "extra": copied})
-    warm = [f"{WARM}{mask}" for mask in args.warm_variants] if args.init_from else []
+    warm = [f"{WARM}{model_name(mask, args)}" for mask in args.warm_variants] if args.init_from else []
     if args.init_from and not args.no_bert2bert:
         bert = transformers.AutoConfig.from_pretrained(args.init_from).model_type == "bert"
         warm = [BERT2BERT, *warm] if bert else warm  # the baseline first: every warm-start figure is read against it
     for seed in args.seeds:
-        for name in [*warm, *args.variants, *([] if args.no_bart else [BART])]:
+        for name in [*warm, *(model_name(mask, args) for mask in args.variants), *([] if args.no_bart else [BART])]:
             run_dir = out_dir / f"{name}-seed{seed}"
             run_dir.mkdir(parents=True, exist_ok=True)
             run_argv = model_argv(name, args, recipe_argv(args, files, tokenizer_dir, seed, run_dir))

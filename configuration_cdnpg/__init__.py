@@ -6,6 +6,6 @@ relative imports inside that file's own folder (`custom_object_save`). This pack
 home and re-exports it.
 """
 
-from modeling_cdnpg.configuration_cdnpg import GRANULARITY_MASK_MODES, GRANULARITY_MASKS, CDNPGConfig
+from modeling_cdnpg.configuration_cdnpg import COPY_MECHANISMS, GRANULARITY_MASK_MODES, GRANULARITY_MASKS, CDNPGConfig
 
-__all__ = ["GRANULARITY_MASKS", "GRANULARITY_MASK_MODES", "CDNPGConfig"]
+__all__ = ["COPY_MECHANISMS", "GRANULARITY_MASKS", "GRANULARITY_MASK_MODES", "CDNPGConfig"]
