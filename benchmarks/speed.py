@@ -4,19 +4,15 @@
     python benchmarks/speed.py --seq-lens 20 64 256 --out speed.json   # the paper's model (docs/speed.md)
     python benchmarks/speed.py --quick --out /tmp/quick.json             # tiny model, about a minute (smoke test)
     python benchmarks/speed.py --device cuda --dtype bf16 --out gpu.json
+    python benchmarks/speed.py --seq-lens 20 256 --profile prof          # where the time goes: torch.profiler tables
 
-At every length L (source and target L random tokens) it measures the ratios `comparisons` lists, with the bounds of
-TARGETS: a training step (forward, backward, AdamW) of every GA mask / "none", "none" / transformers' BART of the same
-size, SDPA / eager, a MiniLM-size warm start / BART of that size; beam search (8 beams, every call decoding as many
-steps) use_cache=False / cached, GA / "none" and "none" / BART cached, a static cache with the step compiled / the
-dynamic cache and / BART; the inference forward with flex attention / SDPA.
-
-Every call is a `torch.utils.benchmark.Timer(...).blocked_autorange()` measurement. The models of a part take turns
-in one process, in an order rotated each round, so slow phases of a shared machine hit both sides of a ratio alike; a
-ratio is the median over rounds of the per-round ratios, with their quartiles. On CPU the clock is the process CPU
-time with one thread, on CUDA Timer's synchronising wall clock. Memory, on CUDA only (torch has no public peak counter
-for its CPU allocator): the peak of one call above what was allocated before it. The table and figure of result
-files: benchmarks/report.py; where the time goes: benchmarks/speed_profile.py.
+At every length L (source and target of L random tokens) it measures the ratios `comparisons` lists, with the bounds
+of TARGETS: training steps, beam search and the inference forward of GA masks, "none", transformers' BART, eager and
+flex attention, cached and uncached, static and dynamic caches. Each call is a `torch.utils.benchmark.Timer`
+measurement; the models of a part take turns in one process, in an order rotated each round, so that a shared
+machine's slow phases hit both sides of a ratio alike: a ratio is the median of the per-round ratios. On CPU the clock
+is the process CPU time with one thread; memory is measured on CUDA only. The protocol and its reading:
+docs/speed.md; the table and figure of result files: benchmarks/report.py.
 """
 
 from __future__ import annotations
@@ -24,21 +20,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from common import machine_info, write_json
+from common import DECODING, machine_info, write_json
 from report import show
+from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils import benchmark
 from transformers import CompileConfig, GenerationConfig
 
 from cdnpg.training import bart_like
 from cdnpg.training.arguments import architecture_fields
-from modeling_cdnpg import GRANULARITY_MASKS, CDNPGConfig, CDNPGForConditionalGeneration
+from modeling_cdnpg import GRANULARITY_MASKS, CDNPGConfig, CDNPGForConditionalGeneration, GranularityHead
+from modeling_cdnpg.modeling_cdnpg import CDNPGAttention
 
 GA_VARIANTS = tuple(mask for mask in GRANULARITY_MASKS if mask != "none")
 PARTS = ("train", "generate", "forward")
@@ -57,50 +55,32 @@ TARGETS = {  # name -> (comparison, bound); the paper reports 1.25 for GA / none
     "gen_cache_speedup": (">=", 3.0),
     "train_warm_vs_bart": ("<=", 1.15),
 }
+BATCH, GEN_BATCH = 32, 4  # training batch (the paper's) and beam-search sources; 4 and 2 with --quick
 CPU_TRAIN_TOKENS = 1024  # batch x L cap of a training step on CPU: batch 32 at L 20, 16 at 64, 4 at 256
 CPU_GEN_TOKENS = 80  # sources x max(L, new tokens) cap of a beam search on CPU: 4 sources at 20, 1 from 64 on
 CPU_NEW_TOKENS = 64  # new-token cap on CPU: use_cache=False recomputes every position at every step
+PROFILED = {GranularityHead: "cdnpg::GranularityHead (eq. 4)", CDNPGAttention: "cdnpg::CDNPGAttention"}
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """runner `numerator` / runner `denominator`, timed in the same rounds of `part`. A runner name says what runs
-    how: "product" (SDPA) or "product@eager" in train and forward; "product+cache", "product-cache"
-    (use_cache=False) or "product+static" (static cache, compiled step) in generate."""
-
-    key: str
-    part: str
-    numerator: str
-    denominator: str
-    target: str | None = None
-
-
-def comparisons(args) -> list[Comparison]:
-    """Every ratio these options measure at each length; the models built are exactly the runners named here."""
-    plan = [Comparison(f"train/{v}_vs_none", "train", v, "none", "train_ga_vs_none") for v in args.variants]
-    plan.append(Comparison("train/none_vs_bart", "train", "none", BART, "train_none_vs_bart"))
-    plan += [Comparison(f"train/{v}_sdpa_vs_eager", "train", v, f"{v}@eager") for v in args.eager_variants]
-    plan += [
-        Comparison(f"train/warm_{v}_vs_bart", "train", f"{WARM}{v}", f"{WARM}{BART}", "train_warm_vs_bart")
-        for v in args.warm_variants
-    ]
+def comparisons(args) -> list[tuple[str, str, str, str, str | None]]:
+    """Every ratio these options measure at each length, as (key, part, numerator runner, denominator runner, target):
+    the models built are exactly the runners named here. A runner name says what runs how: "product" (SDPA) or
+    "product@eager" in train and forward; "product+cache", "product-cache" (use_cache=False) or "product+static"
+    (static cache, compiled step) in generate."""
+    plan = [(f"train/{v}_vs_none", "train", v, "none", "train_ga_vs_none") for v in args.variants]
+    plan.append(("train/none_vs_bart", "train", "none", BART, "train_none_vs_bart"))
+    plan += [(f"train/{v}_sdpa_vs_eager", "train", v, f"{v}@eager", None) for v in args.eager_variants]
+    for v in args.warm_variants:
+        plan.append((f"train/warm_{v}_vs_bart", "train", WARM + v, WARM + BART, "train_warm_vs_bart"))
     for v in args.gen_variants:
-        plan.append(
-            Comparison(f"gen/{v}_nocache_vs_cache", "generate", f"{v}-cache", f"{v}+cache", "gen_cache_speedup")
-        )
-        if v != "none":
-            plan.append(Comparison(f"gen/{v}_vs_none_cached", "generate", f"{v}+cache", "none+cache"))
-    plan.append(Comparison("gen/none_vs_bart_cached", "generate", "none+cache", f"{BART}+cache"))
+        plan.append((f"gen/{v}_nocache_vs_cache", "generate", f"{v}-cache", f"{v}+cache", "gen_cache_speedup"))
+        plan += [(f"gen/{v}_vs_none_cached", "generate", f"{v}+cache", "none+cache", None)] if v != "none" else []
+    plan.append(("gen/none_vs_bart_cached", "generate", "none+cache", f"{BART}+cache", None))
     for v in args.static_variants:
-        plan.append(Comparison(f"gen/{v}_static_compiled_vs_dynamic", "generate", f"{v}+static", f"{v}+cache"))
-        plan.append(Comparison(f"gen/{v}_static_compiled_vs_bart", "generate", f"{v}+static", f"{BART}+static"))
-    plan += [Comparison(f"forward/{v}_flex_vs_sdpa", "forward", f"{v}@flex_attention", v) for v in args.flex_variants]
-    return [c for c in plan if c.part in args.parts]
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# What is timed
-# ------------------------------------------------------------------------------------------------------------------
+        plan.append((f"gen/{v}_static_compiled_vs_dynamic", "generate", f"{v}+static", f"{v}+cache", None))
+        plan.append((f"gen/{v}_static_compiled_vs_bart", "generate", f"{v}+static", f"{BART}+static", None))
+    plan += [(f"forward/{v}_flex_vs_sdpa", "forward", f"{v}@flex_attention", v, None) for v in args.flex_variants]
+    return [c for c in plan if c[1] in args.parts]
 
 
 def model_name(runner: str) -> str:
@@ -108,12 +88,12 @@ def model_name(runner: str) -> str:
     return runner.split("+")[0].removesuffix("-cache")
 
 
-def build_model(runner: str, model_kw: dict, seed: int) -> torch.nn.Module:
+def build_model(runner: str, model_kw: dict) -> torch.nn.Module:
     """The model a runner times: C-DNPG with that mask and attention implementation, or BART of the same size
     (`cdnpg.training.bart_like`); "minilm:" ones take MINILM_MODEL's size. Flex attention has no attention dropout,
     so its models are built without (the forward part is in eval mode, where dropout is off anyway)."""
     name, _, attn = model_name(runner).partition("@")
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     if name.startswith(WARM):
         name, model_kw = name.removeprefix(WARM), {**model_kw, **MINILM_MODEL}
         if name != BART:  # what from_bert builds besides: BERT's prediction head, no activation dropout
@@ -122,9 +102,8 @@ def build_model(runner: str, model_kw: dict, seed: int) -> torch.nn.Module:
         model_kw = {**model_kw, "attention_dropout": 0.0}
     if name == BART:
         return bart_like(CDNPGConfig(**model_kw))
-    return CDNPGForConditionalGeneration(
-        CDNPGConfig(granularity_mask=name, attn_implementation=attn or "sdpa", **model_kw)
-    )
+    config = CDNPGConfig(granularity_mask=name, attn_implementation=attn or "sdpa", **model_kw)
+    return CDNPGForConditionalGeneration(config)
 
 
 def random_ids(config, batch: int, length: int, seed: int, device) -> torch.Tensor:
@@ -137,13 +116,13 @@ def random_ids(config, batch: int, length: int, seed: int, device) -> torch.Tens
 def workload(runner: str, model, part: str, batch: int, length: int, new_tokens: int, args):
     """The call a runner's measurements time, on a fixed random batch."""
     model.to(args.device)
-    source = random_ids(model.config, batch, length, args.seed, args.device)
+    source = random_ids(model.config, batch, length, 0, args.device)
     mask = torch.ones_like(source)
     autocast = torch.autocast(args.device.type, torch.bfloat16) if args.dtype == "bf16" else contextlib.nullcontext()
     if part == "train":
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        labels = random_ids(model.config, batch, length, args.seed + 1, args.device)
+        labels = random_ids(model.config, batch, length, 1, args.device)
 
         def train_step():
             with autocast:
@@ -154,7 +133,7 @@ def workload(runner: str, model, part: str, batch: int, length: int, new_tokens:
         return train_step
     model.eval()
     if part == "forward":  # without the LM head, whose (b, L, vocabulary) logits would dominate the memory
-        target = random_ids(model.config, batch, length, args.seed + 2, args.device)
+        target = random_ids(model.config, batch, length, 2, args.device)
 
         def forward():
             with torch.inference_mode(), autocast:
@@ -163,7 +142,7 @@ def workload(runner: str, model, part: str, batch: int, length: int, new_tokens:
         return forward
     special = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
     config = GenerationConfig(
-        num_beams=args.num_beams,
+        num_beams=DECODING["num_beams"],
         max_new_tokens=new_tokens,
         min_new_tokens=new_tokens,
         early_stopping=False,
@@ -186,11 +165,12 @@ def workload(runner: str, model, part: str, batch: int, length: int, new_tokens:
 
 def shapes(args, length: int) -> tuple[int, int, int]:
     """(training and forward batch, beam-search sources, new tokens) at this length, with the CPU caps."""
+    batch, gen_batch = (4, 2) if args.quick else (BATCH, GEN_BATCH)
     if args.device.type == "cuda":
-        return args.batch_size, args.gen_batch_size, length
+        return batch, gen_batch, length
     new_tokens = min(length, CPU_NEW_TOKENS)
-    train_batch = max(1, min(args.batch_size, CPU_TRAIN_TOKENS // length))
-    return train_batch, max(1, min(args.gen_batch_size, CPU_GEN_TOKENS // max(length, new_tokens))), new_tokens
+    train_batch = max(1, min(batch, CPU_TRAIN_TOKENS // length))
+    return train_batch, max(1, min(gen_batch, CPU_GEN_TOKENS // max(length, new_tokens))), new_tokens
 
 
 def peak_memory(fn, device) -> int | None:
@@ -206,102 +186,133 @@ def peak_memory(fn, device) -> int | None:
     return torch.cuda.max_memory_allocated(device) - before
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Interleaved rounds and ratios
-# ------------------------------------------------------------------------------------------------------------------
-
-
-def measure(args, model_kw: dict, length: int, part: str, plan: list[Comparison], results: dict) -> None:
+def measure(args, model_kw: dict, length: int, part: str, plan: list[tuple], results: dict) -> None:
     """Time every runner the `part` comparisons name at this length in interleaved rounds; store the ratios."""
-    plan = [c for c in plan if c.part == part]
+    plan = [c for c in plan if c[1] == part]
     if not plan:
         return
-    runners = list(dict.fromkeys(name for c in plan for name in (c.numerator, c.denominator)))
+    runners = list(dict.fromkeys(runner for c in plan for runner in c[2:4]))
     batch, gen_batch, new_tokens = shapes(args, length)
+    batch = gen_batch if part == "generate" else batch
     models = {}  # one model per (mask, attention): cached and uncached beam search share it
     calls = {}
     for runner in runners:
-        model = models.setdefault(model_name(runner), build_model(runner, model_kw, args.seed))
-        calls[runner] = workload(runner, model, part, gen_batch if part == "generate" else batch,
-                                 length, new_tokens, args)  # fmt: skip
-    print(f"[L{length}] {part}: batch {gen_batch if part == 'generate' else batch}, {len(runners)} runners, "
-          f"{args.repeats} rounds", file=sys.stderr, flush=True)  # fmt: skip
+        model = models.setdefault(model_name(runner), build_model(runner, model_kw))
+        calls[runner] = workload(runner, model, part, batch, length, new_tokens, args)
+    print(f"[L{length}] {part}: batch {batch}, {len(runners)} runners, {args.repeats} rounds", file=sys.stderr)
     peaks = {runner: peak_memory(call, args.device) for runner, call in calls.items()}
     clock = {"timer": time.process_time} if args.device.type == "cpu" else {}  # Timer's default syncs CUDA
     rounds = []
     for round_ in range(args.repeats):
         shift = round_ % len(runners)
-        measured = {}
+        rounds.append({})
         for runner in runners[shift:] + runners[:shift]:
-            timer = benchmark.Timer(
-                "call()",
-                globals={"call": calls[runner]},
-                label=part,
-                sub_label=runner,
-                description=f"L{length}",
-                **clock,
-                num_threads=torch.get_num_threads(),
-            )
-            measured[runner] = timer.blocked_autorange(min_run_time=args.min_run_time)
-        rounds.append(measured)
+            timer = benchmark.Timer("call()", globals={"call": calls[runner]}, num_threads=torch.get_num_threads(),
+                                    label=part, sub_label=runner, description=f"L{length}", **clock)  # fmt: skip
+            rounds[-1][runner] = timer.blocked_autorange(min_run_time=args.min_run_time)
     results["measurements"] += [m for measured in rounds for m in measured.values()]
     results["median_s"][f"L{length}/{part}"] = {r: statistics.median(m[r].median for m in rounds) for r in runners}
-    for c in plan:
-        per_round = [m[c.numerator].median / m[c.denominator].median for m in rounds]
+    for key, _, numerator, denominator, target in plan:
+        per_round = [m[numerator].median / m[denominator].median for m in rounds]
         low, _, high = statistics.quantiles(per_round, n=4) if len(per_round) > 1 else per_round * 3
         ratio = {"value": statistics.median(per_round), "quartiles": [low, high], "per_round": per_round}
-        if c.target:
-            op, bound = TARGETS[c.target]
-            ratio.update(
-                target=f"{op} {bound}", passed=ratio["value"] <= bound if op == "<=" else ratio["value"] >= bound
-            )
-        if peaks[c.numerator] is not None:
-            ratio["memory"] = peaks[c.numerator] / max(peaks[c.denominator], 1)
-        results["ratios"][f"L{length}/{c.key}"] = ratio
+        if target:
+            op, bound = TARGETS[target]
+            passed = ratio["value"] <= bound if op == "<=" else ratio["value"] >= bound
+            ratio |= {"target": f"{op} {bound}", "passed": passed}
+        if peaks[numerator] is not None:
+            ratio["memory"] = peaks[numerator] / max(peaks[denominator], 1)
+        results["ratios"][f"L{length}/{key}"] = ratio
     del models, calls
     gc.collect()
 
 
+def label_modules(model: torch.nn.Module) -> None:
+    """A profiler range around the forward pass of every granularity head and attention module, through hooks (the
+    model is not edited), so that product against none shows the GA share of attention."""
+    for module in model.modules():
+        if type(module) in PROFILED:
+            ranges = []  # the range this module's forward opened
+
+            def enter(module, inputs, ranges=ranges):
+                ranges.append(record_function(PROFILED[type(module)]).__enter__())
+
+            module.register_forward_pre_hook(enter)
+            module.register_forward_hook(
+                lambda *_, ranges=ranges: ranges.pop().__exit__(None, None, None), always_call=True
+            )
+
+
+def profile_calls(args, model_kw: dict) -> list[dict]:
+    """--profile DIR: one profiled training step and cached beam search (after a warm-up) of product and none at each
+    length: DIR/L<length>_<train|generate>_<mask>.txt (`key_averages()` by self CPU time, then by input shape) and
+    DIR/summary.json (the time in the labelled ranges)."""
+    args.profile.mkdir(parents=True, exist_ok=True)
+    summary = []
+    for length in args.seq_lens:
+        batch, gen_batch, new_tokens = shapes(args, length)
+        for variant in ("product", "none"):
+            for part, runner, rows in (("train", variant, batch), ("generate", f"{variant}+cache", gen_batch)):
+                model = build_model(runner, model_kw)
+                call = workload(runner, model, part, rows, length, new_tokens, args)
+                call()  # warm-up
+                label_modules(model)
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                    call()
+                averages = prof.key_averages()
+                total = sum(event.self_cpu_time_total for event in averages) / 1e6
+                name = f"L{length}_{part}_{variant}"
+                (args.profile / f"{name}.txt").write_text(
+                    f"{name}: batch {rows}, self CPU total {total:.3f} s\n"
+                    + averages.table(sort_by="self_cpu_time_total", row_limit=60, max_name_column_width=70)
+                    + "\n\nby input shape:\n"
+                    + prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=40)
+                )
+                ranges = {e.key: e.cpu_time_total / 1e6 for e in averages if e.key.startswith("cdnpg::")}
+                summary.append({"name": name, "batch": rows, "self_cpu_total_s": total, "ranges_s": ranges})
+                print(f"{name}: {total:.3f} s; " + ", ".join(f"{k} {100 * t / total:.1f}%" for k, t in ranges.items()))
+    (args.profile / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seq-lens", type=int, nargs="+", help="source = target lengths (default 20 64 256)")
-    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="what to time")
-    parser.add_argument("--variants", nargs="+", default=list(GA_VARIANTS), choices=GA_VARIANTS, help="GA vs none")
-    masks = dict(nargs="*", choices=GRANULARITY_MASKS)
-    parser.add_argument("--eager-variants", **masks, default=["product"], help="SDPA vs eager, training step")
-    parser.add_argument("--gen-variants", **masks, default=["product"], help="use_cache=False vs cached beam search")
-    parser.add_argument("--static-variants", **masks, default=["product"], help="static cache + compile vs dynamic")
-    parser.add_argument("--flex-variants", **masks, default=["product"], help="flex attention vs SDPA, forward")
-    parser.add_argument("--warm-variants", **masks, default=["resonance"], help="MiniLM-size model vs BART, training")
-    parser.add_argument("--repeats", type=int, help="interleaved rounds (default 5)")
-    parser.add_argument("--min-run-time", type=float, default=0.2, help="blocked_autorange's, seconds per measurement")
-    parser.add_argument("--batch-size", type=int, default=32, help="training batch (the paper's; capped on CPU)")
-    parser.add_argument("--gen-batch-size", type=int, default=4, help="sources per beam search (capped on CPU)")
-    parser.add_argument("--num-beams", type=int, default=8)
-    parser.add_argument("--device", type=torch.device, default=torch.device("cpu"))
-    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="bf16: autocast, fp32 weights")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="tiny model, lengths 8 and 16: a smoke run")
-    parser.add_argument("--out", type=Path, help="JSON: the ratios, every measurement, the options, the machine")
+    add, masks = parser.add_argument, dict(nargs="*", choices=GRANULARITY_MASKS)
+    add("--seq-lens", type=int, nargs="+", help="source = target lengths (default 20 64 256)")
+    add("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="what to time")
+    add("--variants", nargs="+", default=list(GA_VARIANTS), choices=GA_VARIANTS, help="GA vs none")
+    add("--eager-variants", **masks, default=["product"], help="SDPA vs eager, training step")
+    add("--gen-variants", **masks, default=["product"], help="use_cache=False vs cached beam search")
+    add("--static-variants", **masks, default=["product"], help="static cache + compile vs dynamic")
+    add("--flex-variants", **masks, default=["product"], help="flex attention vs SDPA, forward")
+    add("--warm-variants", **masks, default=["resonance"], help="MiniLM-size model vs BART, training")
+    add("--repeats", type=int, help="interleaved rounds (default 5)")
+    add("--min-run-time", type=float, default=0.2, help="blocked_autorange's, seconds per measurement")
+    add("--device", type=torch.device, default=torch.device("cpu"))
+    add("--dtype", default="fp32", choices=("fp32", "bf16"), help="bf16: autocast, fp32 weights")
+    add("--quick", action="store_true", help="tiny model, lengths 8 and 16: a smoke run")
+    add("--out", type=Path, help="JSON: the ratios, every measurement, the options, the machine")
+    add("--profile", type=Path, metavar="DIR", help="profile product and none into DIR instead of timing ratios")
     args = parser.parse_args(argv)
     args.seq_lens = args.seq_lens or ([8, 16] if args.quick else [20, 64, 256])
     args.repeats = args.repeats or (2 if args.quick else 5)
-    if args.quick:
-        args.batch_size, args.gen_batch_size = 4, 2
     return args
 
 
-def main(argv=None) -> dict:
+def main(argv=None) -> dict | list[dict]:
     args = parse_args(argv)
     if args.device.type == "cpu":
         torch.set_num_threads(1)  # a thread waiting for a descheduled sibling would inflate small ops many times
+    model_kw = QUICK_MODEL if args.quick else {}
+    if args.profile:
+        return profile_calls(args, model_kw)
     plan = comparisons(args)
     results = {
         "benchmark": "speed",
         "command": " ".join(["speed.py", *(sys.argv[1:] if argv is None else argv)]),
         "options": vars(args),
         "machine": machine_info(),
-        "expected_ratio_keys": [f"L{length}/{c.key}" for length in args.seq_lens for c in plan],
+        "expected_ratio_keys": [f"L{length}/{c[0]}" for length in args.seq_lens for c in plan],
         "ratios": {},
         "median_s": {},
         "measurements": [],
@@ -315,7 +326,7 @@ def main(argv=None) -> dict:
         for length in args.seq_lens:
             torch.compiler.reset()  # compiled code is per shape; past torch's recompile limit it would fall back
             for part in PARTS:
-                measure(args, QUICK_MODEL if args.quick else {}, length, part, plan, results)
+                measure(args, model_kw, length, part, plan, results)
                 save()  # a later failure keeps what was measured
     except Exception as error:
         results["error"] = f"{type(error).__name__}: {error}"

@@ -1,6 +1,6 @@
 """`benchmarks/speed.py --quick` runs end to end and writes every ratio, also for a subset of --variants; a failure
-keeps what was measured; report.py prints its table and draws its figure; speed_profile.py labels the granularity
-heads and attention modules. No timing is asserted: the ratios of a tiny model on a shared machine say nothing; the
+keeps what was measured; report.py prints its table and draws its figure; `--profile` labels the granularity heads
+and attention modules. No timing is asserted: the ratios of a tiny model on a shared machine say nothing; the
 full benchmark and its reading are in docs/speed.md."""
 
 import json
@@ -12,9 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def speed(tmp_path: Path, *flags: str, script: str = "speed.py") -> subprocess.CompletedProcess:
+def speed(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", *flags],
+        [sys.executable, str(ROOT / "benchmarks" / "speed.py"), "--quick", *flags],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -90,7 +90,7 @@ def test_a_failed_measurement_keeps_what_was_measured_before_it(tmp_path):
 
 
 def test_profile_labels_granularity_heads_and_attention_through_hooks(tmp_path):
-    completed = speed(tmp_path, "--seq-lens", "8", "--out", str(tmp_path / "prof"), script="speed_profile.py")
+    completed = speed(tmp_path, "--seq-lens", "8", "--profile", str(tmp_path / "prof"))
     assert completed.returncode == 0, completed.stderr[-3000:]
     summary = {row["name"]: row["ranges_s"] for row in json.loads((tmp_path / "prof" / "summary.json").read_text())}
     assert set(summary) == {
