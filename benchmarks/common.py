@@ -19,7 +19,6 @@ from cdnpg.data import load_pair_files
 
 ROOT = Path(__file__).resolve().parents[1]
 QUORA = ROOT.parent / "shared" / "data" / "quora"  # train.jsonl (10,691 pairs), valid.jsonl (the paper's 4,000)
-HALVES = ("tune", "report")  # valid.jsonl split in two: the first half selects / tunes, the second is reported
 DECODING = {"num_beams": 8, "max_new_tokens": 20}  # the paper's, and training/run.py's defaults
 
 
@@ -47,24 +46,17 @@ def bert2bert(checkpoint: str, tokenizer) -> transformers.EncoderDecoderModel:
     return model
 
 
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what `platform` knows."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def machine_info() -> dict:
-    """Software versions, CPU, cores, torch threads, GPU (if any) and the load average when called."""
+    """Software versions, CPU (its model name in /proc/cpuinfo on Linux), cores, torch threads, GPU (if any) and the
+    load average when called."""
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    cpu = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "cpu": cpu_name(),
+        "cpu": cpu[0] if cpu else platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -118,23 +110,11 @@ def group_runs(runs: list[dict], key: str = "model", replicate: str = "seed") ->
     return {name: list(by_seed.values()) for name, by_seed in groups.items()}
 
 
-def summarize(values: list[float]) -> dict[str, float]:
-    """Mean and sample standard deviation (0 for one value) of a metric over seeds."""
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "n": len(values),
-    }
-
-
 def cell(values: list[float], digits: int = 2) -> str:
-    """ "mean ± std" over seeds, the mean alone for one seed, "–" for none."""
-    if not values:
-        return "–"
-    stats = summarize(values)
-    return (
-        f"{stats['mean']:.{digits}f} ± {stats['std']:.{digits}f}" if stats["n"] > 1 else f"{stats['mean']:.{digits}f}"
-    )
+    """ "mean ± std" over seeds (the sample std), the mean alone for one seed, "–" for none."""
+    if len(values) < 2:
+        return f"{values[0]:.{digits}f}" if values else "–"
+    return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:

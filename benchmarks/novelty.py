@@ -3,24 +3,16 @@
 
     # the reported run, on the last 2,000 Quora validation pairs (docs/benchmarks.md); the first 2,000: --split tune
     python benchmarks/novelty.py CHECKPOINT --split report --output_dir runs/novelty --plot docs/novelty.png
-    # a tiny model and a few pairs (the smoke test)
-    python benchmarks/novelty.py CHECKPOINT --quick --train_file F --valid_file F --output_dir /tmp/novelty
+    python benchmarks/novelty.py CHECKPOINT --quick --train_file F --valid_file F --output_dir /tmp/novelty  # smoke
 
-Every setting decodes the same pairs (a half of valid.jsonl, `common.valid_half`) as users reach it, through the
-text2text pipeline with `common.DECODING` (beam 8, at most 20 new tokens), scored by `paraphrase_metrics` (BLEU-4,
-true iBLEU, self-BLEU-4, exact copies, numbers and rare words kept): plain beam search; `novelty` 0.001 (the copy
-rule alone); `novelty` 0.25 to 1 with the checkpoint's z (calibrated on train.jsonl when the checkpoint is not), with
-a uniform weight and with z mirrored (the ablations of z); `keep_details` on top of `novelty` 0.5, with z and
-uniform, and alone; transformers' `encoder_no_repeat_ngram_size` and `encoder_repetition_penalty` < 1. Also scored:
-the high-z words kept (z >= 0.5 in the calibrated layer, a word's z the mean of its pieces), and the human references
-and the source itself as anchors. Decoding time: every setting decodes a chunk of pairs before the next chunk, so
-that a change in a shared machine's load falls on all alike; each setting's total over beam search's. Candidates: on
-the first `--candidate_pairs` pairs, 5 from beam search and 5 from `novelty` 0.5: how many are distinct, how alike
-(pairwise BLEU-4), how many copy the source, the true iBLEU of the first-ranked one, their mean and the best one.
-
-Every setting appends one JSON line to `OUTPUT_DIR/runs-<split>.jsonl` (`common.append_run`); the table of every
-checkpoint in it is printed at the end, and `report.py` averages several (`--plot`: BLEU-4 against true iBLEU and
-against rare words kept for every family of settings).
+Every setting (`settings`: beam search, the copy rule alone, `novelty` with z, a uniform weight and z mirrored,
+`keep_details`, transformers' `encoder_no_repeat_ngram_size` and `encoder_repetition_penalty`) decodes the same pairs
+(a half of valid.jsonl) through the text2text pipeline as users reach it, with `common.DECODING`, and is scored by
+`paraphrase_metrics` and by the high-z words kept; the human references and the source are anchors. The settings
+decode a chunk of pairs in turn, so that a shared machine's load falls on all alike: the time is each one's total
+over beam search's. On the first `--candidate_pairs` pairs, 5 candidates of beam search and of `novelty` 0.5 are
+compared (distinct, pairwise BLEU-4, copies, true iBLEU of the first, mean and best). Every setting appends one JSON
+line to `OUTPUT_DIR/runs-<split>.jsonl`; report.py prints the table of its checkpoints and draws `--plot`.
 """
 
 from __future__ import annotations
@@ -30,6 +22,7 @@ import json
 import time
 from itertools import combinations
 from pathlib import Path
+from statistics import fmean
 
 import torch
 import transformers
@@ -46,6 +39,7 @@ from modeling_cdnpg.generation_cdnpg import calibrate_granularity
 
 NOVELTIES = (0.25, 0.5, 0.75, 1.0)
 KEEPS = (0.25, 0.5, 1.0)  # keep_details on top of novelty 0.5
+BATCH_SIZE, CHUNK = 64, 256  # sentences per generate() call; pairs per round of the interleaved timing
 METRIC_KEYS = ("bleu4", "ibleu", "self_bleu4", "copy_rate", "numbers_kept", "rare_kept")
 
 
@@ -57,8 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--valid_file", default=str(QUORA / "valid.jsonl"), help="split in two halves")
     parser.add_argument("--max_pairs", type=int, default=None, help="decode only the first N pairs of the split")
     parser.add_argument("--candidate_pairs", type=int, default=200, help="pairs of the candidates comparison")
-    parser.add_argument("--batch_size", type=int, default=64, help="sentences per generate() call")
-    parser.add_argument("--chunk", type=int, default=256, help="pairs per round of the interleaved timing")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--output_dir", default="runs/novelty", help="runs-<split>.jsonl goes here")
     parser.add_argument("--plot", default=None, help="write the BLEU-4 / iBLEU / retention figure to this file")
@@ -66,18 +58,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--settings", nargs="+", metavar="NAME", help="decode only these (as the table names them)"
                         " and beam search, the reference of the timings")  # fmt: skip
     args = parser.parse_args(argv)
+    args.chunk = 6 if args.quick else CHUNK
     if args.quick:
-        args.max_pairs = args.max_pairs or 12
-        args.candidate_pairs = min(args.candidate_pairs, 4)
-        args.chunk = min(args.chunk, 6)
-    for name in ("max_pairs", "candidate_pairs", "batch_size", "chunk", "threads"):
+        args.max_pairs, args.candidate_pairs = args.max_pairs or 12, min(args.candidate_pairs, 4)
+    for name in ("max_pairs", "candidate_pairs", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
     return args
 
 
-def settings(model, quick: bool) -> dict[str, tuple[str, float, dict]]:
-    """name -> (family, the family's knob value, generate() keyword arguments); --quick decodes one of each family."""
+def settings(model, quick: bool, names: list[str] | None) -> dict[str, tuple[str, float, dict]]:
+    """name -> (family, the family's knob value, generate() keyword arguments); --quick decodes one of each family.
+    With `names` (--settings), those and beam search, the reference of the timings; an unknown name is refused."""
     has_z = model.config.granularity_mask != "none"
     mirrored = has_z and not model.generation_config.novelty_z_inverted
 
@@ -106,23 +98,15 @@ def settings(model, quick: bool) -> dict[str, tuple[str, float, dict]]:
     for penalty in values((0.9, 0.7, 0.5), 0.7):
         knob = {"encoder_repetition_penalty": penalty}
         rows[f"encoder_repetition_penalty={penalty}"] = ("repetition", penalty, knob)
-    return rows
-
-
-def chosen(rows: dict[str, tuple], names: list[str] | None) -> dict[str, tuple]:
-    """The settings named by --settings (all when none is), beam search always: the other timings are read against
-    it. A name that is not a setting of this model is refused with the list of those that are."""
-    if not names:
-        return rows
-    unknown = [name for name in names if name not in rows]
+    unknown = [name for name in names or () if name not in rows]
     if unknown:
         raise SystemExit(f"--settings {', '.join(unknown)}: not a setting of this model; one of: {', '.join(rows)}")
-    return {name: row for name, row in rows.items() if name == "beam search" or name in names}
+    return {name: row for name, row in rows.items() if not names or name == "beam search" or name in names}
 
 
-def decode(paraphraser, sources: list[str], batch_size: int, n: int = 1, **kwargs) -> list[list[str]]:
+def decode(paraphraser, sources: list[str], n: int = 1, **kwargs) -> list[list[str]]:
     """Each source's candidates (best first) through the pipeline; none for an input it finds unreadable."""
-    results = paraphraser(sources, batch_size=batch_size, num_return_sequences=n, **DECODING, **kwargs)
+    results = paraphraser(sources, batch_size=BATCH_SIZE, num_return_sequences=n, **DECODING, **kwargs)
     return [[candidate["generated_text"] for candidate in candidates] for candidates in results]
 
 
@@ -134,7 +118,7 @@ def decode_interleaved(paraphraser, rows: dict, sources: list[str], args) -> tup
         chunk = sources[start : start + args.chunk]
         for name, (_, _, kwargs) in rows.items():
             began = time.perf_counter()
-            outputs = decode(paraphraser, chunk, args.batch_size, **kwargs)
+            outputs = decode(paraphraser, chunk, **kwargs)
             seconds[name] += time.perf_counter() - began
             predictions[name] += [candidates[0] if candidates else "" for candidates in outputs]
         print(f"decoded {start + len(chunk)} / {len(sources)} pairs with {len(rows)} settings", flush=True)
@@ -152,31 +136,22 @@ def high_z_words(model, tokenizer, sources: list[str]) -> list[dict[str, set[str
     ]
 
 
-def true_ibleu(prediction: str, reference: str, source: str) -> float:
-    hypothesis = normalize(prediction)
-    return 100 * ibleu(
-        bleu(hypothesis, normalize(reference), BLEU4_WEIGHTS), bleu(hypothesis, normalize(source), BLEU4_WEIGHTS)
-    )
-
-
 def candidate_stats(candidates: list[list[str]], pairs) -> dict[str, float]:
-    """How distinct, alike and copied the candidates are, and how good the first-ranked one is."""
-    distinct, alike, copies, count, first, mean, best = [], [], 0, 0, [], [], []
+    """How distinct, alike and copied the candidates are, and the true iBLEU of the first-ranked, mean and best."""
+    distinct, alike, copies, first, mean, best = [], [], [], [], [], []
     for texts, source, reference in zip(candidates, pairs["source"], pairs["target"]):
-        tokens = [normalize(text) for text in texts]
+        tokens, source, reference = [normalize(text) for text in texts], normalize(source), normalize(reference)
         distinct.append(len({tuple(t) for t in tokens}))
         alike += [bleu(a, b, BLEU4_WEIGHTS) for a, b in combinations(tokens, 2)]
-        copies += sum(t == normalize(source) for t in tokens)
-        count += len(tokens)
-        scores = [true_ibleu(text, reference, source) for text in texts]
+        copies += [100.0 * (t == source) for t in tokens]
+        scores = [100 * ibleu(bleu(t, reference, BLEU4_WEIGHTS), bleu(t, source, BLEU4_WEIGHTS)) for t in tokens]
         if scores:
             first.append(scores[0])
-            mean.append(sum(scores) / len(scores))
+            mean.append(fmean(scores))
             best.append(max(scores))
-    average = lambda values: sum(values) / len(values) if values else float("nan")  # noqa: E731
-    return {"distinct": average(distinct), "pairwise_bleu4": 100 * average(alike),
-            "copies_percent": 100 * copies / max(count, 1),
-            "ibleu_first": average(first), "ibleu_mean": average(mean), "ibleu_best": average(best)}  # fmt: skip
+    stats = {"distinct": distinct, "pairwise_bleu4": [100 * a for a in alike], "copies_percent": copies}
+    stats |= {"ibleu_first": first, "ibleu_mean": mean, "ibleu_best": best}
+    return {key: fmean(values) if values else float("nan") for key, values in stats.items()}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -188,9 +163,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(args.checkpoint).eval()
     tokenizer = load_tokenizer(args.checkpoint)
     train = read_pairs(args.train_file)
-    calibration = (
-        None  # the layer of z the rules read: the checkpoint's, or calibrated in memory (the file is left as is)
-    )
+    calibration = None  # the layer of z the rules read: the checkpoint's, or calibrated in memory (the file is kept)
     if model.config.granularity_mask != "none" and hasattr(model.generation_config, "novelty_z_layer"):
         calibration = {key: getattr(model.generation_config, key) for key in ("novelty_z_layer", "novelty_z_inverted")}
     elif model.config.granularity_mask != "none":
@@ -199,10 +172,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     pairs = valid_half(args.split, args.valid_file, args.max_pairs)
     paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
     metric = training.load_metric()
-    rows = chosen(settings(model, args.quick), args.settings)
+    rows = settings(model, args.quick, args.settings)
 
     runs_path = out_dir / f"runs-{args.split}.jsonl"
-    setup = {"split": args.split, "pairs": len(pairs), "decoding": DECODING, "batch_size": args.batch_size}
+    setup = {"split": args.split, "pairs": len(pairs), "decoding": DECODING, "batch_size": BATCH_SIZE}
     check_setup(runs_path, setup)
     predictions, seconds = decode_interleaved(paraphraser, rows, list(pairs["source"]), args)
     details = high_z_words(model, tokenizer, list(pairs["source"]))
@@ -221,7 +194,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     few = pairs.select(range(min(args.candidate_pairs, len(pairs))))
     for name, kwargs in (("beam search (5 best beams)", {}), ("novelty 0.5 (5 candidates)", {"novelty": 0.5})):
         if not kwargs or "novelty 0.5" in rows:
-            stats = candidate_stats(decode(paraphraser, list(few["source"]), args.batch_size, 5, **kwargs), few)
+            stats = candidate_stats(decode(paraphraser, list(few["source"]), 5, **kwargs), few)
             append_run(runs_path, {**run, "setting": name, "family": "candidates", "value": None, "metrics": stats})
     samples = {name: list(predictions[name][:20]) for name in rows}
     (out_dir / f"samples-{args.split}.json").write_text(json.dumps(samples, indent=1) + "\n", encoding="utf-8")

@@ -4,29 +4,16 @@
     # the CPU run of docs/benchmarks.md (its numbers and the other documented runs are there)
     python benchmarks/quality.py --d_model 128 --attention_heads 4 --layers 3 --ffn_dim 512 --max_steps 1200 \
         --learning_rate 1e-3 --warmup_steps 120 --evaluations 4 --max_test_samples 1000 --output_dir runs/quality
-    # tiny model, template corpus, a few steps (the smoke test); flags given with it are kept
-    python benchmarks/quality.py --quick --output_dir /tmp/quality
-    # warm start against bert2bert: nothing from scratch, the converted model and bert2bert from one checkpoint
-    python benchmarks/quality.py --init_from $MINILM --warm_variants none --variants --no_bart --max_steps 600
+    python benchmarks/quality.py --quick --output_dir /tmp/quality  # tiny model, template corpus: the smoke test
 
-Every model is trained with the same recipe, data, tokenizer and seed by `training/run.py`'s pipeline, selected by
-validation loss, decoded the same way (run.py's defaults, the paper's: beam 8, at most 20 new tokens) and scored by
-`cdnpg.training.paraphrase_metrics` (iBLEU, the released code's `ibleu_paper`, BLEU-2/4, ROUGE-L, METEOR, sacreBLEU,
-self-BLEU-4, exact copies, numbers and rare words kept). Model flags left out are the paper's. The models:
-
-- each `--variants` mask ("none" is the plain Transformer), by `training/run.py` in a subprocess;
-- with `--init_from` (a BART or BERT-family checkpoint), each `--warm_variants` mask warm-started from it
-  ("warm-<mask>", its own sizes, tokenizer and `--warm_learning_rate`), and with a BERT-family one transformers'
-  bert2bert (`common.bert2bert`, the same recipe; `--no_bert2bert` skips it);
-- `BartForConditionalGeneration` of the same size (`cdnpg.training.bart_like`); BART and bert2bert are trained in
-  this process by run.py's own functions (`cdnpg.training.train_and_score`): only the model differs;
-- the anchors: copying the source, and the human references' detail retention.
-
-Data: by default the shared Quora train.jsonl, and valid.jsonl halved (`common.valid_half`): the first 2,000 pairs
-select the model, the last 2,000 test it; with `--quick` the embedded template corpus; both written into
-`--output_dir/data`. Every model appends one JSON line to `--output_dir/runs.jsonl` (`common.append_run`: model,
-seed, settings, metrics, steps, time per step, best validation loss, training loss, spread of z, `--extra_test`
-scores, the command); the table of the file's runs (mean ± std over seeds, `report.py`) is printed at the end.
+Every model is trained by `training/run.py`'s pipeline with the same recipe, data, tokenizer and seed, selected by
+validation loss, decoded as run.py decodes (the paper's beam 8, 20 new tokens) and scored by `paraphrase_metrics`:
+each `--variants` mask in a run.py subprocess; with `--init_from`, each `--warm_variants` mask warm-started from it
+and, from a BERT-family checkpoint, transformers' bert2bert; BART of the same size. BART and bert2bert are trained in
+this process by run.py's own functions: only the model differs. Anchors: copying the source, and the human
+references' detail retention. Data: the shared Quora pairs, valid.jsonl halved (`common.valid_half`: the first half
+selects, the second tests), or the template corpus with `--quick`. Every model appends one JSON line to
+`OUTPUT_DIR/runs.jsonl` (`common.append_run`); report.py prints the table of its runs at the end.
 """
 
 from __future__ import annotations
@@ -83,7 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--init_from", help="a BART or BERT-family checkpoint to warm-start the --warm_variants models from")
     add("--no_bert2bert", action="store_true", help="skip bert2bert (trained with a BERT-family --init_from)")
     add("--warm_variants", **masks, default=["none", "resonance"], help="warm-started from --init_from")
-    add("--warm_learning_rate", type=float, help=f"of the warm-started models ({RECIPE['warm_learning_rate']})")
     add("--warm_granularity_learning_rate", type=float, help="of their granularity heads (run.py's flag)")
     add("--copy_mechanism", choices=COPY_MECHANISMS[1:], help="of every C-DNPG model (named in the model's row)")
     add("--both_directions", action="store_true", help="C-DNPG models also learn each pair reversed (run.py's)")
@@ -92,10 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in (*SIZE_FLAGS, "batch_size", "eval_batch_size"):
         add(f"--{name}", type=int, help="default: run.py's (CDNPGConfig's, the paper's)")
     add("--dropout", type=float, help="dropout (default: CDNPGConfig's)")
-    add("--max_steps", type=int, help=f"training steps of every model (default {RECIPE['max_steps']})")
-    add("--learning_rate", type=float, help=f"AdamW peak learning rate (default {RECIPE['learning_rate']})")
-    add("--warmup_steps", type=int, help=f"linear warm-up steps (default {RECIPE['warmup_steps']})")
-    add("--evaluations", type=int, help=f"validation-loss checks per run (default {RECIPE['evaluations']})")
+    for name, value in RECIPE.items():  # steps, AdamW's peak rate, linear warm-up, validation-loss checks per run
+        add(f"--{name}", type=type(value), help=f"default {value}")
     add("--threads", type=int, help="torch CPU threads per process; 1 is fastest on a CPU shared with other jobs")
     add("--max_test_samples", type=int, help="score only the first N test pairs (of every --extra_test set too)")
     add("--bf16", action="store_true", help="bfloat16 mixed precision: on a CPU with AVX512-BF16/AMX or a GPU only")
@@ -104,17 +88,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--quick", action="store_true", help="tiny model on the template corpus: < 2 minutes (flags given win)")
     args = parser.parse_args(argv)
     for name, value in {**RECIPE, **(QUICK if args.quick else {})}.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+        setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
     for name in ("max_steps", "evaluations", "batch_size", "eval_batch_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
+        if (getattr(args, name) or 1) < 1:
             raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
     if len(set(args.seeds)) != len(args.seeds):
         raise SystemExit(f"--seeds repeats a seed: {args.seeds}")
-    for extra in args.extra_test:
-        name, _, path = extra.partition("=")
-        if not name or not Path(path).is_file():
-            raise SystemExit(f"--extra_test {extra}: give NAME=FILE with an existing pairs file")
+    args.extra_test = dict(extra.partition("=")[::2] for extra in args.extra_test)  # name -> file
+    if not all(name and Path(path).is_file() for name, path in args.extra_test.items()):
+        raise SystemExit(f"--extra_test {args.extra_test}: give NAME=FILE with an existing pairs file")
     return args
 
 
@@ -126,14 +108,12 @@ def prepare_files(args: argparse.Namespace, data_dir: Path) -> dict[str, Path]:
         return {split: written[split] for split in ("train", "valid", "test")}
     files = {"train": args.train_file or QUORA / "train.jsonl", "valid": args.valid_file, "test": args.test_file}
     for split, half in (("valid", "tune"), ("test", "report")):
-        if files[split] is None:
-            if not (QUORA / "valid.jsonl").is_file():
-                raise SystemExit(f"{QUORA / 'valid.jsonl'} not found: pass --train_file/--valid_file/--test_file")
+        if files[split] is None and (QUORA / "valid.jsonl").is_file():  # a half of the shared valid.jsonl
             files[split] = data_dir / f"{split}.jsonl"
             files[split].write_text("".join(json.dumps(row) + "\n" for row in valid_half(half)), encoding="utf-8")
-    for split, path in files.items():
-        if not Path(path).is_file():
-            raise SystemExit(f"{split} file not found: {path}")
+    missing = [f"{split} file {path}" for split, path in files.items() if not (path and Path(path).is_file())]
+    if missing:
+        raise SystemExit(f"{', '.join(missing)} not found: pass --train_file/--valid_file/--test_file")
     return {split: Path(path).resolve() for split, path in files.items()}
 
 
@@ -149,13 +129,21 @@ def prepare_tokenizer(args: argparse.Namespace, train_file: Path, out_dir: Path)
     return out_dir.resolve()
 
 
-def recipe_argv(args: argparse.Namespace, files: dict[str, Path], tokenizer: Path, seed: int, out: Path) -> list[str]:
-    """`training/run.py` flags shared by every model: data, sizes, optimiser, schedule, selection, decoding."""
+def model_name(mask: str, args: argparse.Namespace) -> str:
+    """A C-DNPG model's row: its mask, and its copy gate and data when given ("warm-resonance+copy-learned+both")."""
+    copy = f"+copy-{args.copy_mechanism}" if args.copy_mechanism else ""
+    return mask + copy + ("+both" if args.both_directions else "")
+
+
+def run_argv(name: str, args: argparse.Namespace, files: dict, tokenizer: Path, seed: int, out: Path) -> list[str]:
+    """The `training/run.py` flags of one model: the recipe every model shares (data, sizes, optimiser, schedule,
+    selection, decoding), C-DNPG's copy gate and both directions; the warm-started models and bert2bert take the
+    checkpoint's own sizes and tokenizer, and the warm learning rate."""
     # whole steps: the Trainer reads a float eval_steps below 1 as a share of training, but 1.0 as "every step"
     every = str(-(-args.max_steps // args.evaluations))
     argv = [
         "--train_file", str(files["train"]), "--validation_file", str(files["valid"]),
-        "--test_file", str(files["test"]), "--tokenizer_name", str(tokenizer), "--output_dir", str(out),
+        "--test_file", str(files["test"]), "--output_dir", str(out),
         "--do_train", "true", "--do_eval", "true", "--do_predict", "true",
         "--eval_strategy", "steps", "--save_strategy", "steps",  # selection by validation loss, every 1/evaluations
         "--eval_steps", every, "--save_steps", every, "--save_only_model", "true",
@@ -164,34 +152,18 @@ def recipe_argv(args: argparse.Namespace, files: dict[str, Path], tokenizer: Pat
     ]  # fmt: skip
     if args.bf16:  # the Trainer asks for use_cpu before it autocasts a CPU to bfloat16
         argv += ["--bf16", "true", *([] if torch.cuda.is_available() else ["--use_cpu", "true"])]
-    for name, flag in RUN_FLAGS.items():
-        if getattr(args, name) is not None:
-            argv += [f"--{flag}", str(getattr(args, name))]
-    return argv
-
-
-def model_name(mask: str, args: argparse.Namespace) -> str:
-    """A C-DNPG model's row: its mask, and its copy gate and data when given ("warm-resonance+copy-learned+both")."""
-    return (
-        mask
-        + (f"+copy-{args.copy_mechanism}" if args.copy_mechanism else "")
-        + ("+both" if args.both_directions else "")
-    )
-
-
-def model_argv(name: str, args: argparse.Namespace, argv: list[str]) -> list[str]:
-    """The run.py flags of one model: the shared recipe; the copy gate and both directions for C-DNPG; for the
-    warm-started ones and bert2bert, the checkpoint's own sizes and tokenizer and the warm learning rate."""
+    given = {key: getattr(args, key) for key in RUN_FLAGS if getattr(args, key) is not None}
+    if name.startswith(WARM) or name == BERT2BERT:
+        given = {key: value for key, value in given.items() if key not in (*SIZE_FLAGS, "learning_rate")}
+        argv += ["--init_from", args.init_from, "--learning_rate", str(args.warm_learning_rate)]
+        if args.warm_granularity_learning_rate is not None:  # bert2bert has no granularity heads: nothing changes
+            argv += ["--granularity_learning_rate", str(args.warm_granularity_learning_rate)]
+    else:
+        argv += ["--tokenizer_name", str(tokenizer)]
+    argv += [item for key, value in given.items() for item in (f"--{RUN_FLAGS[key]}", str(value))]
     if name not in (BART, BERT2BERT):
-        argv = [*argv, *(["--copy_mechanism", args.copy_mechanism] if args.copy_mechanism else [])]
+        argv += ["--copy_mechanism", args.copy_mechanism] if args.copy_mechanism else []
         argv += ["--both_directions", "true"] if args.both_directions else []
-    if not (name.startswith(WARM) or name == BERT2BERT):
-        return argv
-    dropped = {"--tokenizer_name", "--learning_rate", *(f"--{flag}" for flag in SIZE_FLAGS)}
-    kept = [item for flag, value in zip(argv[::2], argv[1::2]) if flag not in dropped for item in (flag, value)]
-    argv = [*kept, "--init_from", args.init_from, "--learning_rate", str(args.warm_learning_rate)]
-    if args.warm_granularity_learning_rate is not None:  # bert2bert has no granularity heads: nothing changes there
-        argv += ["--granularity_learning_rate", str(args.warm_granularity_learning_rate)]
     return argv
 
 
@@ -253,15 +225,9 @@ def granularity_spread(run_dir: Path, pairs: datasets.Dataset) -> dict[str, list
     target = batch["labels"] != tokenizer.pad_token_id
     with torch.no_grad():
         out = model(**batch.data | {"labels": batch["labels"].masked_fill(~target, -100)}, output_granularities=True)
-
-    def spread(layers: tuple[torch.Tensor, ...] | None, mask: torch.Tensor) -> list[float]:
-        return [round(z[mask].std().item(), 4) for z in layers or ()]
-
-    return {
-        "encoder": spread(out.encoder_granularities, batch["attention_mask"].bool()),
-        "decoder": spread(out.decoder_granularities, target),
-        "cross": spread(out.cross_granularities, target),
-    }
+    parts = {"encoder": (out.encoder_granularities, batch["attention_mask"].bool()),
+             "decoder": (out.decoder_granularities, target), "cross": (out.cross_granularities, target)}  # fmt: skip
+    return {part: [round(z[mask].std().item(), 4) for z in layers or ()] for part, (layers, mask) in parts.items()}
 
 
 def test_metrics(raw: dict[str, float]) -> dict[str, float]:
@@ -278,20 +244,20 @@ def kept(details: list[dict[str, set[str]]], outputs: list[str]) -> dict[str, fl
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     out_dir = Path(args.output_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
     transformers.utils.logging.set_verbosity_warning()
     if args.threads:
         torch.set_num_threads(args.threads)
     files = prepare_files(args, out_dir / "data")
     tokenizer_dir = prepare_tokenizer(args, files["train"], out_dir / "tokenizer")
     train_pairs, test_pairs = read_pairs(files["train"]), read_pairs(files["test"], args.max_test_samples)
-    extras = {name: read_pairs(path, args.max_test_samples) for name, _, path in (e.partition("=") for e in
-              args.extra_test)}  # fmt: skip
+    extras = {name: read_pairs(path, args.max_test_samples) for name, path in args.extra_test.items()}
     metric, runs_path = training.load_metric(), out_dir / "runs.jsonl"
     data = {"data": f"{len(train_pairs):,} training pairs ({files['train'].name})",
             "test": f"{len(test_pairs)} pairs of {files['test'].name}"}  # fmt: skip
     try:  # what every model is trained with, defaults filled in: run.py parses the recipe as it will for each model
-        model_args, data_args, training_args = training.parse_args(recipe_argv(args, files, tokenizer_dir, 0, out_dir))
+        model_args, data_args, training_args = training.parse_args(
+            run_argv("none", args, files, tokenizer_dir, 0, out_dir)
+        )
     except training.UsageError as error:
         raise SystemExit(f"error: {error}") from None
     config = CDNPGConfig(**model_args.config_overrides())
@@ -324,9 +290,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for name in [*warm, *(model_name(mask, args) for mask in args.variants), *([] if args.no_bart else [BART])]:
             run_dir = out_dir / f"{name}-seed{seed}"
             run_dir.mkdir(parents=True, exist_ok=True)
-            run_argv = model_argv(name, args, recipe_argv(args, files, tokenizer_dir, seed, run_dir))
+            argv = run_argv(name, args, files, tokenizer_dir, seed, run_dir)
             tic = time.perf_counter()
-            raw = train(name, run_argv, out_dir / f"{name}-seed{seed}.log", args.threads, metric)
+            raw = train(name, argv, out_dir / f"{name}-seed{seed}.log", args.threads, metric)
             wall_s = time.perf_counter() - tic
             outputs = [json.loads(line)["prediction"] for line in (run_dir / "predictions.jsonl").open()]
             state = json.loads((run_dir / "trainer_state.json").read_text())
@@ -334,7 +300,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             append_run(runs_path, {
                 "benchmark": "quality", "model": name, "seed": seed, "settings": settings,
                 "metrics": {**test_metrics(raw), **kept(details, outputs)},
-                "extra": {test: score_extra(run_dir, run_argv, pairs, metric, test) for test, pairs in extras.items()},
+                "extra": {test: score_extra(run_dir, argv, pairs, metric, test) for test, pairs in extras.items()},
                 "steps": steps, "s_per_step": runtime / steps if steps and runtime else None,
                 "best_validation_loss": state.get("best_metric", raw.get("eval_loss")),
                 "train_loss": {row["step"]: row["loss"] for row in state.get("log_history", []) if "loss" in row},

@@ -14,32 +14,30 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
+import textwrap
 
 from common import cell, format_table, group_runs, read_runs
 
 PAPER_QUORA = {"none": (21.14, 26.88), "resonance": (26.94, 34.05)}  # Gu et al. 2022, Table 2: ("iBLEU", BLEU-4)
-QUALITY_COLUMNS = {
-    "ibleu": "iBLEU", "ibleu_paper": "iBLEU (paper's code)", "bleu2": "BLEU-2", "bleu4": "BLEU-4", "rougeL": "ROUGE-L",
-    "meteor": "METEOR", "sacrebleu": "sacreBLEU", "self_bleu4": "self-BLEU-4", "copy_rate": "copies %",
-    "numbers_kept": "numbers kept %", "rare_kept": "rare words kept %",
+LABELS = {  # metric -> column heading, for every table
+    "ibleu": "true iBLEU", "ibleu_paper": "iBLEU (paper's code)", "bleu2": "BLEU-2", "bleu4": "BLEU-4",
+    "rougeL": "ROUGE-L", "meteor": "METEOR", "sacrebleu": "sacreBLEU", "self_bleu4": "self-BLEU-4",
+    "copy_rate": "copies %", "numbers_kept": "numbers kept %", "rare_kept": "rare words kept %",
+    "s_per_step": "s/step", "best_validation_loss": "valid. loss", "high_z_kept": "high-z words kept %",
+    "time_ratio": "time × beam", "distinct": "distinct", "pairwise_bleu4": "pairwise BLEU-4",
+    "copies_percent": "copies %", "ibleu_first": "iBLEU 1st", "ibleu_mean": "iBLEU mean", "ibleu_best": "iBLEU best",
 }  # fmt: skip
-EXTRA_COLUMNS = ("ibleu", "bleu4", "self_bleu4", "copy_rate")  # the columns of the --extra_test tables
+QUALITY = ("ibleu", "ibleu_paper", "bleu2", "bleu4", "rougeL", "meteor", "sacrebleu", "self_bleu4", "copy_rate",
+           "numbers_kept", "rare_kept", "s_per_step", "best_validation_loss")  # fmt: skip
+EXTRA = ("ibleu", "bleu4", "self_bleu4", "copy_rate")  # the columns of the --extra_test tables
+NOVELTY = ("bleu4", "ibleu", "self_bleu4", "copy_rate", "numbers_kept", "rare_kept", "high_z_kept", "time_ratio")
+CANDIDATES = ("distinct", "pairwise_bleu4", "copies_percent", "ibleu_first", "ibleu_mean", "ibleu_best")
 ANCHORS = ("human references", "copy-source")  # the rows that are not trained, last
 ROW_NAMES = {
     "none": "Transformer (none)", "resonance": "C-DNPG resonance (R)", "scope": "C-DNPG scope (S)",
     "product": "C-DNPG product (R·S)", "mean": "C-DNPG mean ((R+S)/2)", "bart": "BART (transformers, same size)",
     "bert2bert": "bert2bert (transformers EncoderDecoderModel)", "copy-source": "copy the source",
     **{f"warm-{mask}": f"warm start, {mask}" for mask in ("none", "resonance", "scope", "product", "mean")},
-}  # fmt: skip
-NOVELTY_COLUMNS = {
-    "bleu4": "BLEU-4", "ibleu": "true iBLEU", "self_bleu4": "self-BLEU-4", "copy_rate": "copies %",
-    "numbers_kept": "numbers kept %", "rare_kept": "rare words kept %", "high_z_kept": "high-z words kept %",
-    "time_ratio": "time × beam",
-}  # fmt: skip
-CANDIDATE_COLUMNS = {
-    "distinct": "distinct", "pairwise_bleu4": "pairwise BLEU-4", "copies_percent": "copies %",
-    "ibleu_first": "iBLEU 1st", "ibleu_mean": "iBLEU mean", "ibleu_best": "iBLEU best",
 }  # fmt: skip
 FAMILIES = {  # novelty.py's families of settings: the label and style of their curves
     "beam": ("beam search", "k*"),
@@ -55,14 +53,20 @@ FAMILIES = {  # novelty.py's families of settings: the label and style of their 
 }
 
 
-def values(runs: list[dict], key: str, where: str | None = "metrics") -> list[float]:
-    """`key` of every run that has it, in run[where] (at the top level for where=None)."""
-    found = [run.get(where) or {} if where else run for run in runs]
-    return [values[key] for values in found if values.get(key) is not None]
+def values(runs: list[dict], key: str) -> list[float]:
+    """`key` of every run that has it, among its metrics or else at its top level (s_per_step, ...)."""
+    found = [run.get("metrics", {}).get(key, run.get(key)) for run in runs]
+    return [value for value in found if value is not None]
 
 
 def mean(runs: list[dict], key: str) -> float:
     return statistics.fmean(values(runs, key) or [float("nan")])
+
+
+def rows(groups: dict[str, list[dict]], keys: tuple[str, ...]) -> list[list[str]]:
+    """One table row per group: its name (ROW_NAMES'), then the mean ± std of each metric over its runs."""
+    return [[ROW_NAMES.get(name, name), *(cell(values(group, key), 3 if "loss" in key else 2) for key in keys)]
+            for name, group in groups.items()]  # fmt: skip
 
 
 def figure(panels: int, width: float, height: float, **kwargs):
@@ -74,40 +78,23 @@ def figure(panels: int, width: float, height: float, **kwargs):
     return plt.subplots(1, panels, figsize=(width * panels, height), layout="constrained", **kwargs)
 
 
-def recipe_line(settings: dict) -> str:
-    """The recipe of the trained models: their sizes and training, and the warm starts' (with --init_from)."""
-    s = settings
-    line = f"d {s['d_model']}, {s['layers']}+{s['layers']} layers, {s['attention_heads']} heads, ffn {s['ffn_dim']}; "
-    line += f"{s['max_steps']} steps, lr {s['learning_rate']}, warm-up {s['warmup_steps']}, batch {s['batch_size']}"
-    if s.get("init_from"):
-        line += f"; warm starts from {'/'.join(Path(s['init_from']).parts[-2:])}: lr {s['warm_learning_rate']}"
-    return line + ("; bfloat16 mixed precision" if s.get("bf16") else "")
-
-
 def quality(runs: list[dict], plot_path: str | None) -> None:
     groups = group_runs(runs)
     groups = {name: groups[name] for name in sorted(groups, key=lambda name: name in ANCHORS)}
-    trained = [group[0]["settings"] for name, group in groups.items() if name not in ANCHORS]
-    settings = trained[0] if trained else runs[0]["settings"]
-    title = f"{settings['data']}; {recipe_line(settings)}" if trained else settings["data"]
-    decoding = f"; beam {settings['num_beams']}, {settings['max_new_tokens']} new tokens" if trained else ""
-    print(f"Quality on {settings['test']}; {title}{decoding}")
-    rows = []
-    for name, group in groups.items():
-        cells = [cell(values(group, key)) for key in QUALITY_COLUMNS]
-        cells += [cell(values(group, "s_per_step", None)), cell(values(group, "best_validation_loss", None), 3)]
-        seeds = ",".join(str(run["seed"]) for run in group) if name not in ANCHORS else "–"
-        paper = [f"{number:.2f}" for number in PAPER_QUORA.get(name, ())] or ["–", "–"]
-        rows.append([ROW_NAMES.get(name, name), *cells, seeds, *paper])
-    columns = [*QUALITY_COLUMNS.values(), "s/step", "valid. loss", "seeds", 'paper "iBLEU"', "paper BLEU-4"]
-    print("", format_table(["model", *columns], rows), sep="\n")
-    for name, group in groups.items():  # how far z moved from 0.5, mean over seeds
+    trained = [group[0]["settings"] for name, group in groups.items() if name not in ANCHORS] or [runs[0]["settings"]]
+    title = "; ".join(f"{key} {value}" for key, value in trained[0].items() if value not in (None, False))
+    print(f"Quality: {title}\n")
+    table = rows(groups, QUALITY)
+    for row, (name, group) in zip(table, groups.items()):  # the seeds, and the paper's numbers
+        row.append(",".join(str(run["seed"]) for run in group) if name not in ANCHORS else "–")
+        row += [f"{number:.2f}" for number in PAPER_QUORA.get(name, ())] or ["–", "–"]
+    print(format_table(["model", *map(LABELS.get, QUALITY), "seeds", 'paper "iBLEU"', "paper BLEU-4"], table))
+    for name, group in groups.items():  # how far z moved from 0.5; the logged training loss by quarter of the steps
         spreads = [run["z_spread"] for run in group if run.get("z_spread")]
         parts = [f"{part} " + " ".join(f"{statistics.fmean(layer):.3f}" for layer in zip(*(s[part] for s in spreads)))
                  for part in (spreads[0] if spreads else {}) if spreads[0][part]]  # fmt: skip
         if parts:
             print(f"- {ROW_NAMES.get(name, name)}: std of z per layer, " + "; ".join(parts))
-    for name, group in groups.items():  # the logged training loss, mean over each quarter of the steps and the seeds
         logs = [(int(step), loss) for run in group for step, loss in (run.get("train_loss") or {}).items()]
         last = max((step for step, _ in logs), default=0)
         quarters = [[loss for step, loss in logs if q * last < 4 * step <= (q + 1) * last] for q in range(4)]
@@ -115,9 +102,9 @@ def quality(runs: list[dict], plot_path: str | None) -> None:
             means = " / ".join(f"{statistics.fmean(quarter):.2f}" for quarter in quarters)
             print(f"- {ROW_NAMES.get(name, name)}: training loss by quarter of the {last} steps {means}")
     for test in dict.fromkeys(test for run in runs for test in run.get("extra", {})):
-        rows = [[ROW_NAMES.get(name, name), *(cell([run["extra"][test][k] for run in group]) for k in EXTRA_COLUMNS)]
-                for name, group in groups.items() if all(test in run.get("extra", {}) for run in group)]  # fmt: skip
-        print(f"\n{test}:\n", format_table(["model", *(QUALITY_COLUMNS[k] for k in EXTRA_COLUMNS)], rows), sep="\n")
+        scored = {name: [{"metrics": run["extra"][test]} for run in group] for name, group in groups.items()
+                  if all(test in run.get("extra", {}) for run in group)}  # fmt: skip
+        print(f"\n{test}:\n", format_table(["model", *map(LABELS.get, EXTRA)], rows(scored, EXTRA)), sep="\n")
     print('\nPaper: Gu et al. 2022, Table 2 (Quora), 100K training pairs, the paper-size model; its "iBLEU" is the '
           "released code's quantity (our ibleu_paper), and its test set differs from ours.")  # fmt: skip
     if not plot_path:
@@ -139,7 +126,7 @@ def quality(runs: list[dict], plot_path: str | None) -> None:
         if key == "rare_kept" and "human references" in groups:
             axis.axhline(mean(groups["human references"], key), color="grey", linestyle=":", label="human references")
             axis.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(textwrap.fill(title, 200), fontsize=8)
     fig.savefig(plot_path, dpi=120)
 
 
@@ -147,31 +134,30 @@ def novelty(runs: list[dict], plot_path: str | None) -> None:
     groups = group_runs(runs, key="setting", replicate="model")
     candidates = {name: group for name, group in groups.items() if group[0]["family"] == "candidates"}
     settings = {name: group for name, group in groups.items() if name not in candidates}
-    rows = [[name, *(cell(values(group, key)) for key in NOVELTY_COLUMNS)] for name, group in settings.items()]
-    print(format_table(["setting", *NOVELTY_COLUMNS.values()], rows))
+    print(format_table(["setting", *map(LABELS.get, NOVELTY)], rows(settings, NOVELTY)))
     if candidates:
-        rows = [[name, *(cell(values(group, key)) for key in CANDIDATE_COLUMNS)] for name, group in candidates.items()]
-        print("", format_table(["5 candidates from", *CANDIDATE_COLUMNS.values()], rows), sep="\n")
+        header = ["5 candidates from", *map(LABELS.get, CANDIDATES)]
+        print("", format_table(header, rows(candidates, CANDIDATES)), sep="\n")
     for model, calibration in {run["model"]: run.get("calibration") for run in runs}.items():
         if calibration:
             print(f"{model}: z {calibration}")
     if not plot_path:
         return
     point = {name: {"family": group[0]["family"], "value": group[0]["value"]} | {key: mean(group, key) for key in
-             NOVELTY_COLUMNS} for name, group in settings.items()}  # fmt: skip
+             NOVELTY} for name, group in settings.items()}  # fmt: skip
     fig, (left, right) = figure(2, 6, 4.6)
     for family, (label, style) in FAMILIES.items():
-        rows = [row for row in point.values() if row["family"] == family]
+        curve = [row for row in point.values() if row["family"] == family]
         if family in ("keep", "keep_uniform"):  # a curve along keep_details, from novelty 0.5 alone when decoded
-            rows = [
+            curve = [
                 *([point["novelty 0.5"]] if "novelty 0.5" in point else []),
-                *sorted(rows, key=lambda r: r["value"]),
+                *sorted(curve, key=lambda r: r["value"]),
             ]
-        elif family != "beam" and rows:  # a curve from beam search, along falling BLEU-4
-            rows = [point["beam search"], *sorted(rows, key=lambda row: -row["bleu4"])]
+        elif family != "beam" and curve:  # a curve from beam search, along falling BLEU-4
+            curve = [point["beam search"], *sorted(curve, key=lambda row: -row["bleu4"])]
         size, order = (14, 3) if family == "beam" else (7, 2)
-        for axis, key in ((left, "ibleu"), (right, "rare_kept")) if rows else ():
-            x, y = [row["bleu4"] for row in rows], [row[key] for row in rows]
+        for axis, key in ((left, "ibleu"), (right, "rare_kept")) if curve else ():
+            x, y = [row["bleu4"] for row in curve], [row[key] for row in curve]
             axis.plot(x, y, style, label=label, markersize=size, zorder=order)
     copy, human = point["copy the source"], point["human reference"]
     left.plot(copy["bleu4"], copy["ibleu"], "X", color="grey", markersize=9, label="copy the source")
@@ -188,13 +174,13 @@ def novelty(runs: list[dict], plot_path: str | None) -> None:
 
 def speed(runs: list[dict], plot_path: str | None) -> None:
     ratios = {key: ratio for run in runs for key, ratio in run["ratios"].items()}  # a later run's ratio wins
-    rows = []
+    table = []
     for key, r in ratios.items():
         status = ("PASS" if r["passed"] else "MISS") if "target" in r else "info"
         memory = f"{r['memory']:.3f}" if "memory" in r else "–"
         quartiles = f"{r['quartiles'][0]:.3f}–{r['quartiles'][1]:.3f}"
-        rows.append([key, f"{r['value']:.3f}", r.get("target", "–"), status, quartiles, memory])
-    print(format_table(["L/ratio", "value", "target", "status", "quartiles", "peak memory"], rows))
+        table.append([key, f"{r['value']:.3f}", r.get("target", "–"), status, quartiles, memory])
+    print(format_table(["L/ratio", "value", "target", "status", "quartiles", "peak memory"], table))
     if not plot_path:
         return
     lengths = list(dict.fromkeys(key.split("/", 1)[0] for key in ratios))

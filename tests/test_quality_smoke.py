@@ -130,7 +130,7 @@ def test_validation_runs_evaluations_times_not_every_step(tmp_path, max_steps, e
     quality = load_benchmark("quality")
     args = quality.parse_args(["--max_steps", str(max_steps), "--evaluations", str(evaluations)])
     files = {split: tmp_path / f"{split}.jsonl" for split in ("train", "valid", "test")}
-    argv = quality.recipe_argv(args, files, tmp_path / "tokenizer", 0, tmp_path / "out")
+    argv = quality.run_argv("none", args, files, tmp_path / "tokenizer", 0, tmp_path / "out")
     flags = dict(zip(argv[::2], argv[1::2]))
     assert flags["--eval_steps"] == flags["--save_steps"] == every
 
@@ -172,7 +172,7 @@ def test_bf16_reaches_every_models_trainer_and_a_cpu_is_named_for_it(tmp_path):
     for flags, bf16 in ((["--bf16"], True), ([], False)):
         args = quality.parse_args([*flags, "--init_from", str(bert), "--tokenizer", str(bert)])
         for name in ("none", "bart", "bert2bert", "warm-resonance"):
-            argv = quality.model_argv(name, args, quality.recipe_argv(args, files, bert, 0, tmp_path / name))
+            argv = quality.run_argv(name, args, files, bert, 0, tmp_path / name)
             training_args = training.parse_args(argv)[2]
             cpu = bf16 and not torch.cuda.is_available()
             assert (training_args.bf16, training_args.use_cpu) == (bf16, cpu), (name, flags)
