@@ -6,8 +6,8 @@ self-attention (and, optionally, every decoder self-attention over the model's o
 pieces into words; :mod:`cdnpg.figures` draws the result.
 
 Aggregation rule: a word's z is the largest z of its word pieces (words as the fast tokenizer's `word_ids()` defines
-them), the rule decoding weighs words by (`generation_cdnpg.word_detail`): a word is as much a detail as its most
-detailed piece. Chosen by measurement against the mean on the tuning half (docs/novelty.md); special tokens ([CLS],
+them), computed by the function decoding weighs words with (`generation_cdnpg.word_detail`): a word is as much a
+detail as its most detailed piece. Chosen by measurement against the mean on the tuning half (docs/novelty.md); special tokens ([CLS],
 [SEP], ...) are omitted.
 
     from cdnpg.granularity import word_granularities
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from cdnpg.inference import decoding_name, encode, generation_kwargs, input_limit, longest_text_length
+from modeling_cdnpg.generation_cdnpg import word_detail
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -116,10 +117,15 @@ def _word_rows(
     sentence: str,
     description: str,
 ) -> list[LayerRow]:
+    """One row per layer: each word's z by decoding's rule (`word_detail`), read at the word's first piece."""
+    length = granularities[0].shape[-1]
+    starts = torch.ones(1, length, dtype=torch.bool)  # special tokens are words of their own
+    for group in groups:
+        starts[0, group[1:]] = False
+    firsts = [group[0] for group in groups]
     rows = []
     for layer, z in enumerate(granularities, start=1):
-        values = z[0].float().cpu()
-        per_word = [float(values[group].max()) for group in groups]  # the largest z of the word's pieces
+        per_word = word_detail(z[:1].float().cpu(), starts)[0, firsts].tolist()
         rows.append(LayerRow(f"{stack} {layer}", stack, list(words), per_word, sentence, description))
     return rows
 

@@ -55,11 +55,11 @@ import copy
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.nn import functional as F
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 from transformers.utils import ModelOutput
 
 NGRAM_SIZE = 2  # bigrams: a copied source bigram is what makes a paraphrase read as the source
@@ -444,31 +444,44 @@ def _pad_stack(tensors: list[torch.Tensor], value: int | float) -> torch.Tensor:
 
 
 @dataclass
+class ParaphraseSearch:
+    """One `generate(novelty=..., keep_details=...)` call: its settings, read once, shared by every step."""
+
+    generate: Callable  # the model's standard `GenerationMixin.generate`
+    config: GenerationConfig  # with novelty_z_layer / _inverted; num_return_sequences is `wanted` here
+    novelty: float = 0.0
+    keep_details: float = 0.0
+    wanted: int = 1  # candidates per input
+    allow_copy: bool = False
+    return_dict: bool = False
+    processors: LogitsProcessorList = field(default_factory=LogitsProcessorList)  # the caller's, the detail pull
+    model_kwargs: dict = field(default_factory=dict)
+    tokenizer: PreTrainedTokenizerBase | None = None  # generate()'s own (stop strings): where words start
+
+
+@dataclass
 class WeighedSource:
-    """A batch of sources read for `novelty` and `keep_details`: the encoder's states (which decoding and scoring
-    reuse), each token's detail (z of the chosen layer, per word given the tokenizer; 0 for a uniform weight), the
-    weighted n-grams of `source_ngrams`, each token's weight to keep (its detail; 1 for a uniform weight; 0 for
-    special tokens and padding), and the ids the rules treat as special and as the end."""
+    """A batch of sources read for `novelty` and `keep_details` (module docstring): the encoder's output, which
+    decoding and scoring reuse; each token's detail (z of the chosen layer, per word given the tokenizer; 0 for a
+    uniform weight); the weighted n-grams of `source_ngrams`; each token's weight to keep (its detail, 1 for a uniform
+    weight, 0 for special tokens and padding); the ids the rules treat as special and as the end."""
 
     input_ids: torch.LongTensor
     attention_mask: torch.Tensor
-    states: torch.Tensor
+    encoded: ModelOutput
     detail: torch.Tensor
     ngrams: torch.LongTensor
     weights: torch.Tensor
     keep: torch.Tensor
     special_ids: torch.Tensor
     eos_ids: torch.Tensor
-    tokenizer: object = None
-    output_type: type = ModelOutput  # the encoder's, which the model's forward expects back
 
 
-def weigh_source(
-    model, input_ids, attention_mask, config, layer, inverted, tokenizer=None, token_type_ids=None
-) -> WeighedSource:
+def weigh_source(model, search: ParaphraseSearch, input_ids, attention_mask, token_type_ids=None) -> WeighedSource:
     """Run the encoder once and weigh the source's bigrams by how template-like they are, and its tokens by how much
-    they are details (module docstring): z of encoder layer `layer` (1 - z if `inverted`); a uniform weight without
-    granularity heads or layer."""
+    they are details: z of the encoder layer `novelty_z_layer` (1 - z if `novelty_z_inverted`), per word given the
+    tokenizer; a uniform weight without granularity heads or layer."""
+    config, layer = search.config, search.config.novelty_z_layer
     has_z = model.config.granularity_mask != "none"
     read_z = has_z and layer is not None
     encoded = model.get_encoder()(
@@ -478,39 +491,32 @@ def weigh_source(
         output_granularities=read_z,
         return_dict=True,
     )
-    if not has_z:
-        warnings.warn(NO_Z, UserWarning, stacklevel=4)
-    elif layer is not None and not hasattr(config, "novelty_z_layer"):
-        warnings.warn(UNCALIBRATED, UserWarning, stacklevel=4)
     if read_z:
         z = encoded.granularities[layer]
-        detail = (1 - z if inverted else z).masked_fill(~attention_mask.bool(), 0.0)
+        detail = (1 - z if config.novelty_z_inverted else z).masked_fill(~attention_mask.bool(), 0.0)
     else:
         detail = torch.zeros(input_ids.shape, device=input_ids.device)
     specials = [config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id]
     special_ids = torch.tensor(_token_ids(*specials), device=input_ids.device)
-    starts = word_starts(tokenizer, input_ids) if tokenizer is not None else None
+    starts = word_starts(search.tokenizer, input_ids) if search.tokenizer is not None else None
     if starts is not None:
         detail = word_detail(detail, starts)
     ngrams, weights = source_ngrams(input_ids, attention_mask, detail, special_ids, starts)
     keep = (detail if read_z else torch.ones_like(detail)) * content_tokens(input_ids, attention_mask, special_ids)
     eos_ids = torch.tensor(_token_ids(config.eos_token_id), device=input_ids.device)
-    return WeighedSource(
-        input_ids, attention_mask, encoded.last_hidden_state, detail, ngrams, weights, keep, special_ids, eos_ids,
-        tokenizer, type(encoded),
-    )  # fmt: skip
+    encoded = type(encoded)(last_hidden_state=encoded.last_hidden_state, source_ids=input_ids)  # for a copy mechanism
+    return WeighedSource(input_ids, attention_mask, encoded, detail, ngrams, weights, keep, special_ids, eos_ids)
 
 
-def beam_search(generate, source: WeighedSource, settings, processors, model_kwargs) -> torch.LongTensor:
+def beam_search(search: ParaphraseSearch, source: WeighedSource, settings, processors) -> torch.LongTensor:
     """The model's own `generate` on the source, reusing its encoder pass, with extra logits processors."""
-    return generate(
+    return search.generate(
         source.input_ids,
         generation_config=settings,
-        logits_processor=LogitsProcessorList(processors),
+        logits_processor=LogitsProcessorList([*search.processors, *processors]),
         attention_mask=source.attention_mask,
-        # new: generate() expands it in place; the source ids for a copy mechanism
-        encoder_outputs=source.output_type(last_hidden_state=source.states, source_ids=source.input_ids),
-        **model_kwargs,
+        encoder_outputs=copy.copy(source.encoded),  # a new one: generate() expands it in place
+        **search.model_kwargs,
     )
 
 
@@ -522,8 +528,8 @@ class CandidateSelection:
     turns into) is a last resort, taken only when nothing else is left.
     """
 
-    def __init__(self, source: WeighedSource, allow_copy: bool):
-        self.source, self.allow_copy = source, allow_copy
+    def __init__(self, search: ParaphraseSearch, source: WeighedSource):
+        self.search, self.source, self.allow_copy = search, source, search.allow_copy
         self.special = set(source.special_ids.tolist())
         self.copies = [self.content(ids[mask.bool()]) for ids, mask in zip(source.input_ids, source.attention_mask)]
         self.chosen: list[list[torch.Tensor]] = [[] for _ in self.copies]
@@ -547,14 +553,14 @@ class CandidateSelection:
         self.chosen[i].append(ids)
         self.taken[i].add(self.content(ids))
 
-    def penalised_ngrams(self, novelty: float) -> tuple[torch.LongTensor, torch.Tensor]:
+    def penalised_ngrams(self) -> tuple[torch.LongTensor, torch.Tensor]:
         """Per input (b, k, n) and (b, k): its source's n-grams at novelty * MAX_PENALTY times their weight, and the
         bigrams of its candidates chosen so far (`diversity_ngrams`)."""
-        source, grams, costs = self.source, [], []
+        source, tokenizer, grams, costs = self.source, self.search.tokenizer, [], []
         for i, candidates in enumerate(self.chosen):
-            bag = [(source.ngrams[i], novelty * MAX_PENALTY * source.weights[i])]
+            bag = [(source.ngrams[i], self.search.novelty * MAX_PENALTY * source.weights[i])]
             bag += [
-                diversity_ngrams(ids, source.input_ids[i], source.detail[i], source.special_ids, source.tokenizer)
+                diversity_ngrams(ids, source.input_ids[i], source.detail[i], source.special_ids, tokenizer)
                 for ids in candidates
             ]
             grams.append(torch.cat([ngrams for ngrams, _ in bag]))
@@ -574,71 +580,69 @@ class CandidateSelection:
                 self.choose(i, new[0])
             self.reserve[i] += new[1:]
 
-    def fill(self, wanted: int) -> list[list[torch.Tensor]]:
+    def fill(self) -> list[list[torch.Tensor]]:
         """Every input's candidates, those short of `wanted` made up from the reserve in order, then last resorts."""
         for i, chosen in enumerate(self.chosen):
             for ids in self.reserve[i] + self.last_resort[i]:
-                if len(chosen) < wanted and self.verdict(i, ids) is not None:
+                if len(chosen) < self.search.wanted and self.verdict(i, ids) is not None:
                     self.choose(i, ids)
         return self.chosen
 
 
-def decode_groups(
-    generate, source: WeighedSource, config, novelty, wanted, allow_copy, logits_processor, model_kwargs
-) -> list[list[torch.Tensor]]:
+def decode_groups(search: ParaphraseSearch, source: WeighedSource) -> list[list[torch.Tensor]]:
     """Up to `wanted` candidates per input from `wanted` beam searches run one after another, each with
     ceil(num_beams / wanted) beams (all of them for one candidate), penalised on the source's n-grams and on those of
     the candidates chosen before; the best new beam of each search is chosen (`CandidateSelection`). Each group is a
     search of its own, so `wanted` may exceed num_beams."""
-    settings = copy.deepcopy(config)
-    settings.num_beams = max(1, math.ceil(config.num_beams / wanted))
+    settings = copy.deepcopy(search.config)
+    settings.num_beams = max(1, math.ceil(search.config.num_beams / search.wanted))
     settings.num_return_sequences = settings.num_beams  # every beam: the later ones stand in for a repeated one
     copy_rule = []
-    if not allow_copy:
+    if not search.allow_copy:
         copy_rule.append(
             NoCopyLogitsProcessor(source.input_ids, source.attention_mask, source.special_ids, source.eos_ids)
         )
-    selection = CandidateSelection(source, allow_copy)
-    for _ in range(wanted):
-        penalty = SourceNgramPenaltyLogitsProcessor(*selection.penalised_ngrams(novelty))
-        sequences = beam_search(generate, source, settings, [*logits_processor, penalty, *copy_rule], model_kwargs)
-        selection.offer(sequences, settings.num_beams)
-    return selection.fill(wanted)
+    selection = CandidateSelection(search, source)
+    for _ in range(search.wanted):
+        penalty = SourceNgramPenaltyLogitsProcessor(*selection.penalised_ngrams())
+        selection.offer(beam_search(search, source, settings, [penalty, *copy_rule]), settings.num_beams)
+    return selection.fill()
 
 
-def score_candidates(model, source: WeighedSource, sequences, novelty, keep_details) -> tuple[torch.Tensor, ...]:
+def score_candidates(model, search: ParaphraseSearch, source: WeighedSource, sequences) -> tuple[torch.Tensor, ...]:
     """(score, log_likelihood, source_overlap, details_kept) of each row of `sequences` (input-major, as many rows
     per input): score = log_likelihood - novelty * MAX_PENALTY * source_overlap
     + keep_details * MAX_BONUS * details_kept."""
     batch = source.input_ids.shape[0]
     rows = torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
+    states = source.encoded.last_hidden_state[rows]
     likelihood = log_likelihoods(
-        model, source.input_ids[rows], source.states[rows], source.attention_mask[rows], sequences, source.eos_ids
+        model, source.input_ids[rows], states, source.attention_mask[rows], sequences, source.eos_ids
     )
     overlap = source_overlaps(sequences, source.ngrams[rows], source.weights[rows], source.eos_ids)
     kept = details_kept(sequences, source.input_ids[rows], source.keep[rows], source.eos_ids)
-    score = likelihood - novelty * MAX_PENALTY * overlap + keep_details * MAX_BONUS * kept
+    score = likelihood - search.novelty * MAX_PENALTY * overlap + search.keep_details * MAX_BONUS * kept
     return score, likelihood, overlap, kept
 
 
-def ranked_candidates(model, source: WeighedSource, chosen, wanted, novelty, keep_details, pad_token_id, return_dict):
+def ranked_candidates(model, search: ParaphraseSearch, source: WeighedSource, chosen: list[list[torch.Tensor]]):
     """The candidates as `wanted` rows per input, best first by their score; a row without a candidate is padding
     with score -inf. One candidate each is returned as it is, scored only for `return_dict`."""
-    batch, device = len(chosen), source.input_ids.device
+    batch, wanted, device = len(chosen), search.wanted, source.input_ids.device
     length = max((ids.shape[0] for candidates in chosen for ids in candidates), default=2)
-    sequences = torch.full((batch * wanted, length), pad_token_id or 0, dtype=torch.long, device=device)
+    sequences = torch.full((batch * wanted, length), search.config.pad_token_id or 0, dtype=torch.long, device=device)
     filled = torch.zeros(batch * wanted, dtype=torch.bool, device=device)
     for i, candidates in enumerate(chosen):
         for slot, ids in enumerate(candidates):
             sequences[i * wanted + slot, : ids.shape[0]] = ids
             filled[i * wanted + slot] = True
-    if wanted == 1 and not return_dict:
+    if wanted == 1 and not search.return_dict:
         return sequences
-    score, likelihood, overlap, kept = score_candidates(model, source, sequences, novelty, keep_details)
+    score, likelihood, overlap, kept = score_candidates(model, search, source, sequences)
     score, likelihood = score.masked_fill(~filled, -math.inf), likelihood.masked_fill(~filled, -math.inf)
     best_first = score.view(batch, wanted).argsort(dim=-1, descending=True, stable=True)
     order = (best_first + torch.arange(batch, device=device)[:, None] * wanted).flatten()
-    if not return_dict:
+    if not search.return_dict:
         return sequences[order]
     overlap, kept = overlap.masked_fill(~filled, math.nan), kept.masked_fill(~filled, math.nan)
     return CDNPGParaphraseOutput(sequences[order], score[order], likelihood[order], overlap[order], kept[order])
@@ -669,7 +673,10 @@ def paraphrase_generate(
     # n candidates are n searches of their own, so GenerationConfig's check of one search (n <= num_beams) must not
     # see n: it is kept out of the config until the model's own decoding (novelty 0) needs it
     wanted = kwargs.pop("num_return_sequences", None) or config.num_return_sequences or 1
-    model_kwargs = config.update(**kwargs)
+    calibrated = hasattr(config, "novelty_z_layer")
+    config.novelty_z_layer = getattr(config, "novelty_z_layer", DEFAULT_LAYER)
+    config.novelty_z_inverted = getattr(config, "novelty_z_inverted", False)
+    model_kwargs = config.update(**kwargs)  # novelty_z_layer / _inverted given to generate() win
     requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
     if requested:
         raise ValueError(f"generate(novelty=...) returns candidates and their scores; it cannot also give {requested}")
@@ -677,30 +684,33 @@ def paraphrase_generate(
     input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
     if input_ids is None or "encoder_outputs" in model_kwargs or "inputs_embeds" in model_kwargs:
         raise ValueError("generate(novelty=...) needs the source as input_ids (it reads z from its own encoder pass)")
-    layer = model_kwargs.pop("novelty_z_layer", getattr(config, "novelty_z_layer", DEFAULT_LAYER))
-    inverted = model_kwargs.pop("novelty_z_inverted", getattr(config, "novelty_z_inverted", False))
-    logits_processor = LogitsProcessorList(logits_processor or [])
+    processors = LogitsProcessorList(logits_processor or [])
     if novelty == 0:
         config.num_return_sequences = wanted
         if not return_dict and keep_details == 0:  # the model's own decoding, untouched
-            return generate(input_ids, generation_config=config, logits_processor=logits_processor, **model_kwargs)
+            return generate(input_ids, generation_config=config, logits_processor=processors, **model_kwargs)
 
     attention_mask = model_kwargs.pop("attention_mask", None)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    tokenizer = model_kwargs.get("tokenizer")  # generate()'s own (for stop strings); it also tells where words start
     token_type_ids = model_kwargs.pop("token_type_ids", None)
-    source = weigh_source(model, input_ids, attention_mask, config, layer, inverted, tokenizer, token_type_ids)
+    if model.config.granularity_mask == "none":
+        warnings.warn(NO_Z, UserWarning, stacklevel=3)
+    elif config.novelty_z_layer is not None and not calibrated:
+        warnings.warn(UNCALIBRATED, UserWarning, stacklevel=3)
+    search = ParaphraseSearch(
+        generate, config, novelty, keep_details, wanted, allow_copy, return_dict, processors, model_kwargs,
+        model_kwargs.get("tokenizer"),
+    )  # fmt: skip
+    source = weigh_source(model, search, input_ids, attention_mask, token_type_ids)
     if keep_details:
-        bonus = DetailBonusLogitsProcessor(source.input_ids, keep_details * MAX_BONUS * source.keep)
-        logits_processor = LogitsProcessorList([*logits_processor, bonus])
+        search.processors.append(DetailBonusLogitsProcessor(source.input_ids, keep_details * MAX_BONUS * source.keep))
     if novelty == 0:  # the model's own sequences, in their order (with the pull towards the details)
-        sequences = beam_search(generate, source, config, logits_processor, model_kwargs)
+        sequences = beam_search(search, source, config, [])
         if not return_dict:
             return sequences
-        return CDNPGParaphraseOutput(sequences, *score_candidates(model, source, sequences, novelty, keep_details))
-    chosen = decode_groups(generate, source, config, novelty, wanted, allow_copy, logits_processor, model_kwargs)
-    return ranked_candidates(model, source, chosen, wanted, novelty, keep_details, config.pad_token_id, return_dict)
+        return CDNPGParaphraseOutput(sequences, *score_candidates(model, search, source, sequences))
+    return ranked_candidates(model, search, source, decode_groups(search, source))
 
 
 __all__ = [

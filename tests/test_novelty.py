@@ -6,6 +6,7 @@ Most mechanics run on `Copier`, a stand-in for a paraphrase model that copies it
 the rule must change is then known exactly.
 """
 
+import copy
 import itertools
 import json
 import math
@@ -31,6 +32,7 @@ from modeling_cdnpg.generation_cdnpg import (
     MAX_PENALTY,
     DetailBonusLogitsProcessor,
     NoCopyLogitsProcessor,
+    ParaphraseSearch,
     SourceNgramPenaltyLogitsProcessor,
     calibrate_granularity,
     detail_bonuses,
@@ -233,11 +235,15 @@ def test_details_kept_counts_exactly_the_bonus_each_generated_token_received():
 
 def test_the_weight_to_keep_is_z_of_content_tokens_and_uniform_without_granularity_heads():
     ids, mask = sources([5, 8, 9], [8])
-    with_z = weigh_source(Copier(detail={8}), ids, mask, Copier().generation_config, -1, False)
+
+    def weighed(model):
+        config = copy.deepcopy(model.generation_config)
+        config.novelty_z_layer, config.novelty_z_inverted = -1, False
+        return weigh_source(model, ParaphraseSearch(model.generate, config), ids, mask)
+
+    with_z = weighed(Copier(detail={8}))
     assert with_z.keep.tolist() == [[0, 0, 1, 0, 0], [0, 1, 0, 0, 0]], "specials and padding keep nothing"
-    model = tiny_model(granularity_mask="none")
-    with pytest.warns(UserWarning, match="kept, alike"):
-        uniform = weigh_source(model, ids, mask, model.generation_config, -1, False)
+    uniform = weighed(tiny_model(granularity_mask="none"))
     assert uniform.keep.tolist() == [[0, 1, 1, 1, 0], [0, 1, 0, 0, 0]]
 
 
@@ -638,7 +644,9 @@ def test_cli_keep_details_prints_what_the_pipeline_returns_with_its_score(checkp
     )
     [expected] = paraphraser(SENTENCE, keep_details=0.5, novelty=0.25, max_new_tokens=8)
     text, score = result.stdout.rstrip("\n").split("\t")
-    assert text == " ".join(expected["generated_text"].split()) and float(score) == round(expected["score"], 3)
+    assert text == " ".join(expected["generated_text"].split())
+    # the CLI prints 3 decimals of a score computed in another process: equal to within the rounding
+    assert float(score) == pytest.approx(expected["score"], abs=5e-4 + 1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
