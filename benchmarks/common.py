@@ -90,10 +90,13 @@ def check_setup(path: Path, settings: dict) -> None:
     """Refuse, before anything is trained or decoded, to add runs of another setup to a runs file: report.py would
     refuse to average them with those already there."""
     for run in read_runs([path]) if path.is_file() else []:
-        old = run.get("settings", {})
-        differing = sorted(key for key in old.keys() | settings.keys() if old.get(key) != settings.get(key))
-        if old.keys() == settings.keys() and differing:
-            raise SystemExit(f"{path} holds runs of another setup ({', '.join(differing)} differ): use another folder")
+        if run.get("settings", {}).keys() == settings.keys() and (keys := differing([run["settings"], settings])):
+            raise SystemExit(f"{path} holds runs of another setup ({', '.join(keys)} differ): use another folder")
+
+
+def differing(settings: list[dict]) -> list[str]:
+    """The keys on which some of these settings differ."""
+    return sorted({key for s in settings for key in s if any(s.get(key) != t.get(key) for t in settings)})
 
 
 def group_runs(runs: list[dict], key: str = "model", replicate: str = "seed") -> dict[str, list[dict]]:
@@ -103,10 +106,8 @@ def group_runs(runs: list[dict], key: str = "model", replicate: str = "seed") ->
     for run in runs:
         groups.setdefault(run[key], {})[run.get(replicate, 0)] = run
     for name, by_seed in groups.items():
-        settings = [run.get("settings", {}) for run in by_seed.values()]
-        differing = sorted({k for s in settings for k in s if any(s.get(k) != t.get(k) for t in settings)})
-        if differing:
-            raise SystemExit(f"{name}: runs of another setup ({', '.join(differing)} differ)")
+        if keys := differing([run.get("settings", {}) for run in by_seed.values()]):
+            raise SystemExit(f"{name}: runs of another setup ({', '.join(keys)} differ)")
     return {name: list(by_seed.values()) for name, by_seed in groups.items()}
 
 
