@@ -1041,10 +1041,15 @@ class CopyMechanism(nn.Module):
         else:  # GA: ρ_t = z_t
             z_target = z_target.float()
             log_rho, log_not_rho = z_target.clamp(min=MASK_FLOOR).log(), (1 - z_target).clamp(min=MASK_FLOOR).log()
-        copied = torch.zeros_like(logits, dtype=torch.float32)
-        copied = copied.scatter_add(-1, source_ids[:, None, :].expand_as(alpha), alpha)  # repeated tokens add up
+        # only the source's tokens change: the mixture is computed for them, never as a second (b, i, V) tensor
+        same = source_ids[:, :, None] == source_ids[:, None, :]  # (b, j, j)
+        copied = alpha @ same.to(alpha.dtype)  # (b, i, j): each source position's token, repeated tokens add up
         generated = logits.float().log_softmax(-1) + log_not_rho[..., None]
-        return torch.logaddexp(generated, copied.clamp(min=MASK_FLOOR).log() + log_rho[..., None])
+        index = source_ids[:, None, :].expand_as(alpha)
+        before = generated.gather(-1, index)
+        mixed = torch.logaddexp(before, copied.clamp(min=MASK_FLOOR).log() + log_rho[..., None])
+        first = (same.tril(-1).sum(-1) == 0)[:, None, :]  # a token the source repeats is changed once
+        return generated.scatter_add(-1, index, (mixed - before) * first)
 
 
 class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
