@@ -36,16 +36,6 @@ def valid_half(half: str, path: Path | str = QUORA / "valid.jsonl", limit: int |
     return pairs.select(range(min(limit, len(pairs)))) if limit else pairs
 
 
-def bert2bert(checkpoint: str, tokenizer) -> transformers.EncoderDecoderModel:
-    """transformers' bert2bert (Rothe et al. 2020): the checkpoint as encoder and as decoder (new cross-attention and
-    prediction head), decoding from [CLS] to [SEP] as a warm-started C-DNPG does."""
-    model = transformers.EncoderDecoderModel.from_encoder_decoder_pretrained(checkpoint, checkpoint)
-    cls, sep, pad = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id
-    model.config.decoder_start_token_id, model.config.bos_token_id = cls, cls
-    model.config.eos_token_id, model.config.pad_token_id = sep, pad
-    return model
-
-
 def machine_info() -> dict:
     """Software versions, CPU (its model name in /proc/cpuinfo on Linux), cores, torch threads, GPU (if any) and the
     load average when called."""

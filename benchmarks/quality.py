@@ -30,16 +30,17 @@ from pathlib import Path
 import datasets
 import torch
 import transformers
-from common import QUORA, ROOT, append_run, bert2bert, check_setup, read_pairs, read_runs, valid_half
+from common import QUORA, ROOT, append_run, check_setup, read_pairs, read_runs, valid_half
 from report import show
 
 from cdnpg import training
 from cdnpg.data import load_tokenizer, save_tokenizer, train_wordpiece_tokenizer, write_template_corpus
+from cdnpg.granularity import granularity_spread
 from cdnpg.training.paraphrase_metrics import common_words, detail_words, retention
 from configuration_cdnpg import COPY_MECHANISMS, GRANULARITY_MASKS, CDNPGConfig
 
 BART, BERT2BERT, COPY, HUMAN, WARM = "bart", "bert2bert", "copy-source", "human references", "warm-"
-SPREAD_PAIRS, SPREAD_TOKENS = 256, 20  # granularity_spread: test pairs read, tokens per sentence (the paper's limit)
+SPREAD_PAIRS = 256  # test pairs granularity_spread reads
 # the recipe of a CPU-sized run; flags not listed here (model sizes, batch sizes) default to training/run.py's
 RECIPE = dict(max_steps=3000, learning_rate=5e-4, warmup_steps=300, evaluations=5, warm_learning_rate=1e-4)
 SIZE_FLAGS = ("d_model", "layers", "attention_heads", "ffn_dim")  # a warm start takes its checkpoint's
@@ -177,7 +178,7 @@ def train(name: str, argv: list[str], log_path: Path, threads: int | None, metri
         if name == BART:
             model = training.bart_like(training.build_config(model_args, tokenizer))
         else:
-            model = bert2bert(model_args.init_from, tokenizer)
+            model = training.bert2bert(model_args.init_from, tokenizer)
         trainer = training.make_trainer(model, tokenizer, features, training_args, data_args.max_target_length)
         return training.train_and_score(trainer, corpus, features, metric, data_args.max_target_length)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -210,24 +211,10 @@ def score_extra(run_dir: Path, argv: list[str], pairs: datasets.Dataset, metric,
     return test_metrics(training.score(metric, predictions, pairs))
 
 
-def granularity_spread(run_dir: Path, pairs: datasets.Dataset) -> dict[str, list[float]] | None:
-    """How far training moved z (eq. 4) from where a warm start puts it (0.5 everywhere): per layer, the standard
-    deviation of z over the tokens of the first SPREAD_PAIRS test pairs (encoder self-attention over the sources,
-    decoder self- and cross-attention over the teacher-forced references). None for a model without z."""
-    config = json.loads((run_dir / "config.json").read_text())
-    if config.get("model_type") != "cdnpg" or config.get("granularity_mask") == "none":
-        return None
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(run_dir).eval()
-    tokenizer = load_tokenizer(run_dir)
-    few = pairs.select(range(min(SPREAD_PAIRS, len(pairs))))
-    batch = tokenizer(list(few["source"]), text_target=list(few["target"]), max_length=SPREAD_TOKENS,
-                      truncation=True, padding=True, return_tensors="pt")  # fmt: skip
-    target = batch["labels"] != tokenizer.pad_token_id
-    with torch.no_grad():
-        out = model(**batch.data | {"labels": batch["labels"].masked_fill(~target, -100)}, output_granularities=True)
-    parts = {"encoder": (out.encoder_granularities, batch["attention_mask"].bool()),
-             "decoder": (out.decoder_granularities, target), "cross": (out.cross_granularities, target)}  # fmt: skip
-    return {part: [round(z[mask].std().item(), 4) for z in layers or ()] for part, (layers, mask) in parts.items()}
+def z_spread(run_dir: Path, pairs: datasets.Dataset) -> dict[str, list[float]] | None:
+    """`granularity_spread` of a run's selected model over the first SPREAD_PAIRS test pairs."""
+    model, few = transformers.AutoModelForSeq2SeqLM.from_pretrained(run_dir), pairs[:SPREAD_PAIRS]
+    return granularity_spread(model, load_tokenizer(run_dir), few["source"], few["target"])
 
 
 def test_metrics(raw: dict[str, float]) -> dict[str, float]:
@@ -305,7 +292,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "best_validation_loss": state.get("best_metric", raw.get("eval_loss")),
                 "train_loss": {row["step"]: row["loss"] for row in state.get("log_history", []) if "loss" in row},
                 "wall_s": round(wall_s, 1),
-                "z_spread": None if name in (BART, BERT2BERT) else granularity_spread(run_dir, test_pairs),
+                "z_spread": None if name in (BART, BERT2BERT) else z_spread(run_dir, test_pairs),
             })  # fmt: skip
     runs = read_runs([runs_path])
     show(runs, args.plot)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import itertools
 import json
 import statistics
 import sys
@@ -41,6 +42,7 @@ from modeling_cdnpg.modeling_cdnpg import CDNPGAttention
 GA_VARIANTS = tuple(mask for mask in GRANULARITY_MASKS if mask != "none")
 PARTS = ("train", "generate", "forward")
 BART, WARM = "bart", "minilm:"  # runner names: transformers' BART; prefix of a model of MINILM_MODEL's size
+COPY = "copy-"  # runner prefix: "copy-learned:resonance" is resonance with the learned copy gate
 QUICK_MODEL = {"vocab_size": 512, "max_position_embeddings": 64, **architecture_fields(d_model=32, layers=2)}
 QUICK_MODEL.update(architecture_fields(attention_heads=4, ffn_dim=64))
 MINILM_MODEL = {  # what `cdnpg convert` makes of all-MiniLM-L6-v2 (random weights: only the size matters here)
@@ -54,6 +56,7 @@ TARGETS = {  # name -> (comparison, bound); the paper reports 1.25 for GA / none
     "train_none_vs_bart": ("<=", 1.05),
     "gen_cache_speedup": (">=", 3.0),
     "train_warm_vs_bart": ("<=", 1.15),
+    "train_copy_vs_plain": ("<=", 1.10),  # issue 29: a copy mechanism may cost a tenth of a training step
 }
 BATCH, GEN_BATCH = 32, 4  # training batch (the paper's) and beam-search sources; 4 and 2 with --quick
 CPU_TRAIN_TOKENS = 1024  # batch x L cap of a training step on CPU: batch 32 at L 20, 16 at 64, 4 at 256
@@ -72,6 +75,9 @@ def comparisons(args) -> list[tuple[str, str, str, str, str | None]]:
     plan += [(f"train/{v}_sdpa_vs_eager", "train", v, f"{v}@eager", None) for v in args.eager_variants]
     for v in args.warm_variants:
         plan.append((f"train/warm_{v}_vs_bart", "train", WARM + v, WARM + BART, "train_warm_vs_bart"))
+    for v, gate, size in itertools.product(args.copy_variants, ("learned", "granularity"), ("", WARM)):
+        key = f"train/{size.replace(':', '_')}{v}_{gate}_copy_vs_{v}"
+        plan.append((key, "train", f"{size}{COPY}{gate}:{v}", size + v, "train_copy_vs_plain"))
     for v in args.gen_variants:
         plan.append((f"gen/{v}_nocache_vs_cache", "generate", f"{v}-cache", f"{v}+cache", "gen_cache_speedup"))
         plan += [(f"gen/{v}_vs_none_cached", "generate", f"{v}+cache", "none+cache", None)] if v != "none" else []
@@ -98,6 +104,9 @@ def build_model(runner: str, model_kw: dict) -> torch.nn.Module:
         name, model_kw = name.removeprefix(WARM), {**model_kw, **MINILM_MODEL}
         if name != BART:  # what from_bert builds besides: BERT's prediction head, no activation dropout
             model_kw = {**model_kw, "lm_head_transform": True, "activation_dropout": 0.0}
+    if name.startswith(COPY):
+        gate, _, name = name.removeprefix(COPY).partition(":")
+        model_kw = {**model_kw, "copy_mechanism": gate}
     if attn == "flex_attention":
         model_kw = {**model_kw, "attention_dropout": 0.0}
     if name == BART:
@@ -286,6 +295,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--static-variants", **masks, default=["product"], help="static cache + compile vs dynamic")
     add("--flex-variants", **masks, default=["product"], help="flex attention vs SDPA, forward")
     add("--warm-variants", **masks, default=["resonance"], help="MiniLM-size model vs BART, training")
+    add("--copy-variants", nargs="*", default=[], choices=GA_VARIANTS, help="with each copy gate vs without")
     add("--repeats", type=int, help="interleaved rounds (default 5)")
     add("--min-run-time", type=float, default=0.2, help="blocked_autorange's, seconds per measurement")
     add("--device", type=torch.device, default=torch.device("cpu"))

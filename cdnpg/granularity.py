@@ -192,3 +192,26 @@ def word_granularities(
     )
     description = f"decoder self-attention over the model's paraphrase ({decoding_name(model, settings['num_beams'])})"
     return rows + _word_rows(output.decoder_granularities, dec_groups, dec_words, "decoder", paraphrase, description)
+
+
+@torch.no_grad()
+def granularity_spread(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    max_length: int = 20,
+) -> dict[str, list[float]] | None:
+    """How far training moved z (eq. 4) from where a warm start puts it (0.5 everywhere): per layer, the standard
+    deviation of z over the tokens of the pairs, truncated to `max_length` (the paper's 20): encoder self-attention
+    over the sources, decoder self- and cross-attention over the teacher-forced targets. None for a model without z."""
+    if getattr(model.config, "model_type", None) != "cdnpg" or model.config.granularity_mask == "none":
+        return None
+    batch = tokenizer(list(sources), text_target=list(targets), max_length=max_length, truncation=True,
+                      padding=True, return_tensors="pt").to(model.device)  # fmt: skip
+    target = batch["labels"] != tokenizer.pad_token_id
+    labels = batch["labels"].masked_fill(~target, -100)
+    out = model.eval()(**batch.data | {"labels": labels}, output_granularities=True)
+    parts = {"encoder": (out.encoder_granularities, batch["attention_mask"].bool()),
+             "decoder": (out.decoder_granularities, target), "cross": (out.cross_granularities, target)}  # fmt: skip
+    return {part: [round(z[mask].std().item(), 4) for z in layers or ()] for part, (layers, mask) in parts.items()}

@@ -202,22 +202,17 @@ def test_detail_retention_counts_the_numbers_and_rare_words_an_output_keeps():
 def test_granularity_spread_is_zero_at_a_warm_start_and_shows_a_trained_head_in_its_own_layer(tmp_path):
     """A converted checkpoint starts at z = 0.5 for every token (W_G ~ 1e-6): no spread anywhere. Spreading one
     encoder layer's W_G shows in that layer's number only; the other heads, still at ~0, stay at ~0."""
-    import datasets
     import torch
 
     from cdnpg.convert import convert
+    from cdnpg.granularity import granularity_spread
     from tests.test_convert import save_with_tokenizer, tiny_bert
 
-    quality = load_benchmark("quality")
     model, tokenizer = convert(save_with_tokenizer(tiny_bert(), tmp_path / "bert"), granularity_mask="resonance")
     sentences = ["how is the cat ?", "is the cat on the mat ?", "the cat is"]
-    pairs = datasets.Dataset.from_dict({"source": sentences, "target": sentences[::-1]})
-    run = tmp_path / "run"
 
     def spread() -> dict[str, list[float]]:
-        model.save_pretrained(run)
-        tokenizer.save_pretrained(run)
-        return quality.granularity_spread(run, pairs)
+        return granularity_spread(model, tokenizer, sentences, sentences[::-1])
 
     start = spread()
     assert [len(layers) for layers in start.values()] == [2, 2, 2]  # encoder, decoder, cross: 2 layers each
@@ -229,7 +224,5 @@ def test_granularity_spread_is_zero_at_a_warm_start_and_shows_a_trained_head_in_
     assert trained["encoder"][1] > 0.01 and trained["encoder"][0] < 1e-4
     assert max(trained["decoder"] + trained["cross"]) < 1e-4
 
-    model_dir = tmp_path / "none"
     none, _ = convert(tmp_path / "bert", granularity_mask="none")
-    none.save_pretrained(model_dir)
-    assert quality.granularity_spread(model_dir, pairs) is None  # no granularity heads, nothing to measure
+    assert granularity_spread(none, tokenizer, sentences, sentences) is None  # no granularity heads: nothing to say

@@ -11,7 +11,7 @@ functions.
 - `model`: the model to train (`build_model`) and the calibration of z after training;
 - `trainer`: `CDNPGTrainer` (optimizer groups, decoding defaults, the card, the DDP / FSDP workarounds), `make_trainer`;
 - `scoring`: the paper's metrics on the test split's predictions, the metrics files, the card's account of the run;
-- `baselines`: transformers' BART of the same size;
+- `baselines`: transformers' BART of the same size, and bert2bert from a warm start's checkpoint;
 - `paraphrase_metrics`: the paper's metrics as an `evaluate` module (`load_metric()`, or
   `evaluate.load(cdnpg.training.METRICS_SCRIPT)`);
 - `entry`: `cli()`, the command line.
@@ -25,7 +25,7 @@ from typing import Any
 
 _EXPORTS = {
     "arguments": ("DATASETS", "CDNPGTrainingArguments", "DataArguments", "ModelArguments", "UsageError", "parse_args"),
-    "baselines": ("bart_config_like", "bart_like"),
+    "baselines": ("bart_config_like", "bart_like", "bert2bert"),
     "entry": ("cli",),
     "checks": ("check_bf16_on_cpu",),
     "data": ("data_name", "load_pairs", "prepare_data", "tokenize"),
