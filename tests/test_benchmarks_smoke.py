@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from configuration_cdnpg import COPY_MECHANISMS
+
 ROOT = Path(__file__).resolve().parents[1]
+GATES = COPY_MECHANISMS[1:]  # learned, granularity
 
 
 def speed(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -67,7 +70,8 @@ def test_speed_quick_writes_every_ratio(tmp_path):
 def test_a_subset_of_variants_builds_what_each_comparison_needs(tmp_path):
     out = tmp_path / "r.json"
     light = ["--static-variants", "--flex-variants", "--warm-variants"]  # no compiling, no big model
-    completed = speed(tmp_path, "--variants", "resonance", "scope", *light, "--out", str(out))
+    copy = ["--copy-variants", "resonance"]
+    completed = speed(tmp_path, "--variants", "resonance", "scope", *light, *copy, "--out", str(out))
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads(out.read_text())
     assert set(results["ratios"]) == set(results["expected_ratio_keys"])
@@ -75,6 +79,8 @@ def test_a_subset_of_variants_builds_what_each_comparison_needs(tmp_path):
     assert {"train/resonance_vs_none", "train/scope_vs_none", "train/product_sdpa_vs_eager"} <= names
     assert {"gen/product_nocache_vs_cache", "gen/none_vs_bart_cached"} <= names
     assert "train/product_vs_none" not in names and "train/mean_vs_none" not in names
+    copies = {f"train/{size}resonance_{gate}_copy_vs_resonance" for size in ("", "minilm_") for gate in GATES}
+    assert copies <= names and all(results["ratios"][f"L8/{key}"]["target"] == "<= 1.1" for key in copies)
     assert "error" not in results
 
 

@@ -178,6 +178,33 @@ def test_bf16_reaches_every_models_trainer_and_a_cpu_is_named_for_it(tmp_path):
             assert (training_args.bf16, training_args.use_cpu) == (bf16, cpu), (name, flags)
 
 
+def test_the_copy_gate_and_both_directions_reach_every_cdnpg_model_and_name_its_row(tmp_path):
+    """--copy_mechanism and --both_directions are run.py's flags of each C-DNPG model (from scratch and warm-started),
+    never of BART or bert2bert, and the row names them: runs with and without copy are not averaged together."""
+    from cdnpg import training
+    from tests.test_convert import save_with_tokenizer, tiny_bert
+
+    quality = load_benchmark("quality")
+    bert = save_with_tokenizer(tiny_bert(), tmp_path / "bert")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"source": "how is the cat ?", "target": "is the cat ?"}) + "\n")
+    files = dict.fromkeys(("train", "valid", "test"), pairs)
+    flags = ["--copy_mechanism", "learned", "--both_directions", "--init_from", str(bert), "--tokenizer", str(bert)]
+    args = quality.parse_args(flags)
+    assert quality.model_name("resonance", args) == "resonance+copy-learned+both"
+    models = {
+        "resonance+copy-learned+both": True,
+        "warm-none+copy-learned+both": True,
+        "bart": False,
+        "bert2bert": False,
+    }
+    for name, cdnpg in models.items():
+        model_args, data_args, _ = training.parse_args(quality.run_argv(name, args, files, bert, 0, tmp_path / name))
+        assert (model_args.copy_mechanism, data_args.both_directions) == (
+            ("learned", True) if cdnpg else (None, False)
+        )
+
+
 def test_detail_retention_counts_the_numbers_and_rare_words_an_output_keeps():
     """Pooled over pairs: 1 of 2 numbers and 3 of 6 rare words reappear; common words and punctuation never count.
     The metric module reports the same as `numbers_kept` and `rare_kept` beside BLEU."""
