@@ -1044,12 +1044,14 @@ class CopyMechanism(nn.Module):
         # only the source's tokens change: the mixture is computed for them, never as a second (b, i, V) tensor
         same = source_ids[:, :, None] == source_ids[:, None, :]  # (b, j, j)
         copied = alpha @ same.to(alpha.dtype)  # (b, i, j): each source position's token, repeated tokens add up
-        generated = logits.float().log_softmax(-1) + log_not_rho[..., None]
+        logits = logits.float()
+        shift = logits.logsumexp(-1, keepdim=True) - log_not_rho[..., None]
+        generated = logits - shift  # log((1 - ρ) P_gen): one pass over the vocabulary
         index = source_ids[:, None, :].expand_as(alpha)
-        before = generated.gather(-1, index)
+        before = logits.gather(-1, index) - shift  # read from `logits`, so that `generated` may change in place
         mixed = torch.logaddexp(before, copied.clamp(min=MASK_FLOOR).log() + log_rho[..., None])
         first = (same.tril(-1).sum(-1) == 0)[:, None, :]  # a token the source repeats is changed once
-        return generated.scatter_add(-1, index, (mixed - before) * first)
+        return generated.scatter_add_(-1, index, (mixed - before) * first)
 
 
 class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
@@ -1129,9 +1131,13 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         if labels is not None:
             if num_items_in_batch is None:  # the mean over real target tokens; 0, not NaN, when there are none
                 num_items_in_batch = (labels != -100).sum().clamp(min=1)
-            loss = self.loss_function(
-                logits, labels.contiguous(), self.config.vocab_size, num_items_in_batch=num_items_in_batch
-            )
+            if self.copy_mechanism is not None:  # already log-probabilities: cross-entropy's log_softmax is a no-op
+                nll = F.nll_loss(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+                loss = nll / num_items_in_batch
+            else:
+                loss = self.loss_function(
+                    logits, labels.contiguous(), self.config.vocab_size, num_items_in_batch=num_items_in_batch
+                )
 
         # everything the bare model returns but its last hidden state, which the logits replace
         left_out = {"last_hidden_state"}

@@ -63,6 +63,48 @@ def test_copy_probabilities_by_hand_repeated_source_tokens_add_up():
     torch.testing.assert_close(mixed.exp(), expected)
 
 
+def test_the_mixture_and_its_gradients_equal_the_dense_formula_with_repeated_source_tokens():
+    """The module changes only the source's tokens (each distinct one once); the dense formula builds the whole copy
+    distribution: log((1 - ρ) softmax(logits) + ρ scatter_add(α)). Values and every gradient agree, also where the
+    source repeats a token (a write per occurrence would count its gradient twice)."""
+    torch.manual_seed(0)
+    config = tiny_config(copy_mechanism="learned")
+    copy = CopyMechanism(config)
+    logits = torch.randn(2, 3, config.vocab_size, requires_grad=True)
+    states, encoder_states = torch.randn(2, 3, 32, requires_grad=True), torch.randn(2, 5, 32, requires_grad=True)
+    source_ids, mask = torch.tensor([[5, 9, 5, 5, 7], [8, 8, 6, PAD, PAD]]), torch.tensor([[1] * 5, [1, 1, 1, 0, 0]])
+    weight = torch.randn(2, 3, config.vocab_size)  # a loss that reads every vocabulary entry
+
+    def dense() -> torch.Tensor:
+        scores = (copy.q_proj(states) @ copy.k_proj(encoder_states).transpose(1, 2)) * copy.scaling
+        alpha = scores.masked_fill(~mask.bool()[:, None, :], torch.finfo(scores.dtype).min).softmax(-1)
+        gate = copy.gate_proj(torch.cat([states, alpha @ encoder_states], -1)).squeeze(-1)
+        copied = torch.zeros_like(logits).scatter_add(-1, source_ids[:, None, :].expand_as(alpha), alpha)
+        rho = torch.sigmoid(gate)[..., None]
+        return ((1 - rho) * logits.softmax(-1) + rho * copied).log()
+
+    inputs = [logits, states, encoder_states, *copy.parameters()]
+    got = copy(logits, states, encoder_states, source_ids, mask)
+    expected = dense()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    for ours, theirs in zip(torch.autograd.grad((got * weight).sum(), inputs),
+                            torch.autograd.grad((expected * weight).sum(), inputs)):  # fmt: skip
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_the_loss_of_a_copy_model_is_the_cross_entropy_of_its_log_probabilities(gate):
+    """The loss of a copy model skips cross-entropy's log_softmax (its logits are log-probabilities already): the
+    same mean over the target tokens, padding (-100) left out."""
+    model = tiny_model(granularity_mask="resonance", copy_mechanism=gate)
+    input_ids, attention_mask = batch()
+    labels = input_ids[:, 1:7].clone()
+    labels[0, -2:] = -100
+    out = model(input_ids, attention_mask, labels=labels)
+    expected = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    torch.testing.assert_close(out.loss, expected)
+
+
 @pytest.mark.parametrize("gate, mask", [("learned", "none"), ("learned", "resonance"), ("granularity", "scope")])
 def test_with_rho_zero_the_logits_are_those_of_the_model_without_copy(gate, mask):
     plain = tiny_model(granularity_mask=mask)
