@@ -7,8 +7,8 @@ pieces into words; :mod:`cdnpg.figures` draws the result.
 
 Aggregation rule: a word's z is the largest z of its word pieces (words as the fast tokenizer's `word_ids()` defines
 them), computed by the function decoding weighs words with (`generation_cdnpg.word_detail`): a word is as much a
-detail as its most detailed piece. Chosen by measurement against the mean on the tuning half (docs/novelty.md); special tokens ([CLS],
-[SEP], ...) are omitted.
+detail as its most detailed piece. Chosen by measurement against the mean on the tuning half (docs/novelty.md);
+special tokens ([CLS], [SEP], ...) are omitted.
 
     from cdnpg.granularity import word_granularities
     from cdnpg.figures import render_png, render_text
