@@ -37,21 +37,14 @@ def valid_half(half: str, path: Path | str = QUORA / "valid.jsonl", limit: int |
 
 
 def machine_info() -> dict:
-    """Software versions, CPU (its model name in /proc/cpuinfo on Linux), cores, torch threads, GPU (if any) and the
-    load average when called."""
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
-    cpu = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cpu": cpu[0] if cpu else platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
+    """Versions, CPU (/proc/cpuinfo's model name on Linux), cores, torch threads, GPU and the load average now."""
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), None)
+    return {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "cpu": cpu or platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}  # fmt: skip
 
 
 def append_run(path: Path, run: dict) -> dict:

@@ -2,17 +2,14 @@
 """What `generate(novelty=...)` buys over plain beam search, and over the knobs that need no z.
 
     # the reported run, on the last 2,000 Quora validation pairs (docs/benchmarks.md); the first 2,000: --split tune
-    python benchmarks/novelty.py CHECKPOINT --split report --output_dir runs/novelty --plot docs/novelty.png
+    python benchmarks/novelty.py CHECKPOINT --split report --output_dir runs/novelty
+    python benchmarks/report.py runs/novelty/runs-report.jsonl --plot docs/novelty.png  # the table and figure
     python benchmarks/novelty.py CHECKPOINT --quick --train_file F --valid_file F --output_dir /tmp/novelty  # smoke
 
-Every setting (`settings`: beam search, the copy rule alone, `novelty` with z, a uniform weight and z mirrored,
-`keep_details`, transformers' `encoder_no_repeat_ngram_size` and `encoder_repetition_penalty`) decodes the same pairs
-(a half of valid.jsonl) through the text2text pipeline as users reach it, with `common.DECODING`, and is scored by
-`paraphrase_metrics` and by the high-z words kept; the human references and the source are anchors. The settings
-decode a chunk of pairs in turn, so that a shared machine's load falls on all alike: the time is each one's total
-over beam search's. On the first `--candidate_pairs` pairs, 5 candidates of beam search and of `novelty` 0.5 are
-compared (distinct, pairwise BLEU-4, copies, true iBLEU of the first, mean and best). Every setting appends one JSON
-line to `OUTPUT_DIR/runs-<split>.jsonl`; report.py prints the table of its checkpoints and draws `--plot`.
+Every setting (`settings`) decodes the same pairs through the text2text pipeline with `common.DECODING`, a chunk of
+pairs each in turn (the time is each one's total over beam search's), and is scored by `paraphrase_metrics` and by
+the high-z words kept; 5 candidates of beam search and of `novelty` 0.5 are compared on the first pairs. Every
+setting appends one JSON line to `OUTPUT_DIR/runs-<split>.jsonl`; report.py prints the table and draws the figure.
 """
 
 from __future__ import annotations
@@ -39,6 +36,10 @@ from modeling_cdnpg.generation_cdnpg import calibrate_granularity
 
 NOVELTIES = (0.25, 0.5, 0.75, 1.0)
 KEEPS = (0.25, 0.5, 1.0)  # keep_details on top of novelty 0.5
+KNOBS = (  # transformers' own knobs against copying: (family, generate() argument, values)
+    ("no_repeat", "encoder_no_repeat_ngram_size", (2, 3, 4)),
+    ("repetition", "encoder_repetition_penalty", (0.9, 0.7, 0.5)),
+)
 BATCH_SIZE, CHUNK = 64, 256  # sentences per generate() call; pairs per round of the interleaved timing
 METRIC_KEYS = ("bleu4", "ibleu", "self_bleu4", "copy_rate", "numbers_kept", "rare_kept")
 
@@ -53,7 +54,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--candidate_pairs", type=int, default=200, help="pairs of the candidates comparison")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--output_dir", default="runs/novelty", help="runs-<split>.jsonl goes here")
-    parser.add_argument("--plot", default=None, help="write the BLEU-4 / iBLEU / retention figure to this file")
     parser.add_argument("--quick", action="store_true", help="a few pairs and settings: the smoke test")
     parser.add_argument("--settings", nargs="+", metavar="NAME", help="decode only these (as the table names them)"
                         " and beam search, the reference of the timings")  # fmt: skip
@@ -70,34 +70,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def settings(model, quick: bool, names: list[str] | None) -> dict[str, tuple[str, float, dict]]:
     """name -> (family, the family's knob value, generate() keyword arguments); --quick decodes one of each family.
     With `names` (--settings), those and beam search, the reference of the timings; an unknown name is refused."""
-    has_z = model.config.granularity_mask != "none"
+    has_z, uniform = model.config.granularity_mask != "none", {"novelty_z_layer": None}
     mirrored = has_z and not model.generation_config.novelty_z_inverted
-
-    def values(all_of: tuple, quick_one: float) -> tuple:
-        return (quick_one,) if quick else all_of
-
-    rows = {
-        "beam search": ("beam", 0.0, {}),
-        "novelty 0.001 (the copy rule alone)": ("copy_rule", 0.001, {"novelty": 0.001}),
-    }
-    for value in values(NOVELTIES, 0.5):
-        if has_z:
-            rows[f"novelty {value}"] = ("z", value, {"novelty": value})
-        rows[f"novelty {value}, uniform"] = ("uniform", value, {"novelty": value, "novelty_z_layer": None})
-    for value in values((0.25, 0.5), 0.5) if has_z else ():
+    rows = {"beam search": ("beam", 0.0, {})}
+    rows["novelty 0.001 (the copy rule alone)"] = ("copy_rule", 0.001, {"novelty": 0.001})
+    for value in (0.5,) if quick else NOVELTIES:
+        rows |= {f"novelty {value}": ("z", value, {"novelty": value})} if has_z else {}
+        rows[f"novelty {value}, uniform"] = ("uniform", value, {"novelty": value, **uniform})
+    for value in ((0.5,) if quick else (0.25, 0.5)) if has_z else ():
         rows[f"novelty {value}, z mirrored"] = ("mirrored", value, {"novelty": value, "novelty_z_inverted": mirrored})
-    for value in values(KEEPS, 1.0):
-        kwargs = {"novelty": 0.5, "keep_details": value}
-        rows[f"novelty 0.5, keep details {value}"] = ("keep" if has_z else "keep_uniform", value, kwargs)
+    for value in (1.0,) if quick else KEEPS:
+        keep = {"novelty": 0.5, "keep_details": value}
+        rows[f"novelty 0.5, keep details {value}"] = ("keep" if has_z else "keep_uniform", value, keep)
         if has_z and value >= 0.5:
-            uniform = {**kwargs, "novelty_z_layer": None}
-            rows[f"novelty 0.5, keep details {value}, uniform"] = ("keep_uniform", value, uniform)
+            rows[f"novelty 0.5, keep details {value}, uniform"] = ("keep_uniform", value, {**keep, **uniform})
     rows["keep details 1.0"] = ("keep_alone", 1.0, {"keep_details": 1.0})
-    for size in values((2, 3, 4), 3):
-        rows[f"encoder_no_repeat_ngram_size={size}"] = ("no_repeat", size, {"encoder_no_repeat_ngram_size": size})
-    for penalty in values((0.9, 0.7, 0.5), 0.7):
-        knob = {"encoder_repetition_penalty": penalty}
-        rows[f"encoder_repetition_penalty={penalty}"] = ("repetition", penalty, knob)
+    for family, knob, values in KNOBS:  # --quick: the middle value
+        for value in values[1:2] if quick else values:
+            rows[f"{knob}={value}"] = (family, value, {knob: value})
     unknown = [name for name in names or () if name not in rows]
     if unknown:
         raise SystemExit(f"--settings {', '.join(unknown)}: not a setting of this model; one of: {', '.join(rows)}")
@@ -199,7 +189,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     samples = {name: list(predictions[name][:20]) for name in rows}
     (out_dir / f"samples-{args.split}.json").write_text(json.dumps(samples, indent=1) + "\n", encoding="utf-8")
     runs = read_runs([runs_path])
-    show(runs, args.plot)
+    show(runs)
     return runs
 
 

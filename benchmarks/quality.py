@@ -1,19 +1,15 @@
 #!/usr/bin/env python
-"""Paraphrase quality of C-DNPG's granularity masks, the plain Transformer and transformers' BART, one recipe.
+"""Paraphrase quality of C-DNPG's granularity masks, the plain Transformer, transformers' BART and bert2bert.
 
     # the CPU run of docs/benchmarks.md (its numbers and the other documented runs are there)
     python benchmarks/quality.py --d_model 128 --attention_heads 4 --layers 3 --ffn_dim 512 --max_steps 1200 \
         --learning_rate 1e-3 --warmup_steps 120 --evaluations 4 --max_test_samples 1000 --output_dir runs/quality
     python benchmarks/quality.py --quick --output_dir /tmp/quality  # tiny model, template corpus: the smoke test
 
-Every model is trained by `training/run.py`'s pipeline with the same recipe, data, tokenizer and seed, selected by
-validation loss, decoded as run.py decodes (the paper's beam 8, 20 new tokens) and scored by `paraphrase_metrics`:
-each `--variants` mask in a run.py subprocess; with `--init_from`, each `--warm_variants` mask warm-started from it
-and, from a BERT-family checkpoint, transformers' bert2bert; BART of the same size. BART and bert2bert are trained in
-this process by run.py's own functions: only the model differs. Anchors: copying the source, and the human
-references' detail retention. Data: the shared Quora pairs, valid.jsonl halved (`common.valid_half`: the first half
-selects, the second tests), or the template corpus with `--quick`. Every model appends one JSON line to
-`OUTPUT_DIR/runs.jsonl` (`common.append_run`); report.py prints the table of its runs at the end.
+Every model is trained, selected by validation loss, decoded and scored by `training/run.py`'s pipeline with one
+recipe, data and tokenizer (C-DNPG in a run.py subprocess; BART and bert2bert in this process, only the model
+differs) and appends one JSON line to `OUTPUT_DIR/runs.jsonl`; report.py prints the table. docs/benchmarks.md has the
+protocol: the data and its splits (`common.valid_half`), the anchors, the warm starts.
 """
 
 from __future__ import annotations
@@ -36,11 +32,10 @@ from report import show
 from cdnpg import training
 from cdnpg.data import load_tokenizer, save_tokenizer, train_wordpiece_tokenizer, write_template_corpus
 from cdnpg.granularity import granularity_spread
-from cdnpg.training.paraphrase_metrics import common_words, detail_words, retention
+from cdnpg.training.paraphrase_metrics import common_words
 from configuration_cdnpg import COPY_MECHANISMS, GRANULARITY_MASKS, CDNPGConfig
 
 BART, BERT2BERT, COPY, HUMAN, WARM = "bart", "bert2bert", "copy-source", "human references", "warm-"
-SPREAD_PAIRS = 256  # test pairs granularity_spread reads
 # the recipe of a CPU-sized run; flags not listed here (model sizes, batch sizes) default to training/run.py's
 RECIPE = dict(max_steps=3000, learning_rate=5e-4, warmup_steps=300, evaluations=5, warm_learning_rate=1e-4)
 SIZE_FLAGS = ("d_model", "layers", "attention_heads", "ffn_dim")  # a warm start takes its checkpoint's
@@ -85,7 +80,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--max_test_samples", type=int, help="score only the first N test pairs (of every --extra_test set too)")
     add("--bf16", action="store_true", help="bfloat16 mixed precision: on a CPU with AVX512-BF16/AMX or a GPU only")
     add("--output_dir", default="runs/quality", help="runs, data splits, runs.jsonl")
-    add("--plot", help="write the bar chart of the metrics per model to this file")
     add("--quick", action="store_true", help="tiny model on the template corpus: < 2 minutes (flags given win)")
     args = parser.parse_args(argv)
     for name, value in {**RECIPE, **(QUICK if args.quick else {})}.items():
@@ -195,7 +189,7 @@ def train(name: str, argv: list[str], log_path: Path, threads: int | None, metri
     return json.loads((Path(argv[argv.index("--output_dir") + 1]) / "all_results.json").read_text())
 
 
-def score_extra(run_dir: Path, argv: list[str], pairs: datasets.Dataset, metric, name: str) -> dict[str, float]:
+def score_extra(run_dir: Path, model, argv: list[str], pairs: datasets.Dataset, metric, common, name: str) -> dict:
     """The selected model of a run decoded on another test set exactly as on the test split (run.py's tokenizer,
     lengths and beam search), scored, and its predictions written beside the run's."""
     _, data_args, training_args = training.parse_args(argv)
@@ -204,28 +198,16 @@ def score_extra(run_dir: Path, argv: list[str], pairs: datasets.Dataset, metric,
     )  # decoding only
     tokenizer = load_tokenizer(run_dir)
     features = training.tokenize(datasets.DatasetDict({"train": pairs, "test": pairs}), tokenizer, data_args)
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(run_dir)
     trainer = training.make_trainer(model, tokenizer, features, training_args, data_args.max_target_length)
     predictions, _ = training.predict(trainer, features["test"])
     training.write_predictions(run_dir / f"predictions-{name}.jsonl", pairs, predictions)
-    return test_metrics(training.score(metric, predictions, pairs))
-
-
-def z_spread(run_dir: Path, pairs: datasets.Dataset) -> dict[str, list[float]] | None:
-    """`granularity_spread` of a run's selected model over the first SPREAD_PAIRS test pairs."""
-    model, few = transformers.AutoModelForSeq2SeqLM.from_pretrained(run_dir), pairs[:SPREAD_PAIRS]
-    return granularity_spread(model, load_tokenizer(run_dir), few["source"], few["target"])
+    return test_metrics(training.score(metric, predictions, pairs, common))
 
 
 def test_metrics(raw: dict[str, float]) -> dict[str, float]:
     """run.py's `test_*` scores without the prefix (and without its timings)."""
     timings = ("_runtime", "_per_second")
     return {k.removeprefix("test_"): v for k, v in raw.items() if k.startswith("test_") and not k.endswith(timings)}
-
-
-def kept(details: list[dict[str, set[str]]], outputs: list[str]) -> dict[str, float]:
-    """`numbers_kept` and `rare_kept` of the outputs (paraphrase_metrics.retention)."""
-    return {f"{kind}_kept": value for kind, value in retention(details[: len(outputs)], outputs).items()}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -258,17 +240,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     }  # fmt: skip
     check_setup(runs_path, data)
     check_setup(runs_path, settings)
-    common = common_words([*train_pairs["source"], *train_pairs["target"]])
-    details = [detail_words(source, common) for source in test_pairs["source"]]
+    spread = test_pairs[:256]["source"], test_pairs[:256]["target"]  # what granularity_spread reads
+    common = common_words([*train_pairs["source"], *train_pairs["target"]])  # as run.py counts rare words
     anchor = {"benchmark": "quality", "seed": 0, "settings": data}
-    append_run(runs_path, {**anchor, "model": HUMAN, "metrics": kept(details, test_pairs["target"])})
+    human = test_metrics(training.score(metric, test_pairs["target"], test_pairs, common))
+    append_run(runs_path, {**anchor, "model": HUMAN, "metrics": {k: v for k, v in human.items() if "kept" in k}})
     (out_dir / COPY).mkdir(exist_ok=True)
     copied = {}  # the trivial baseline: the prediction is the source itself
     for test, pairs in {"": test_pairs, **extras}.items():
         training.write_predictions(out_dir / COPY / f"predictions{test and '-' + test}.jsonl", pairs, pairs["source"])
-        copied[test] = test_metrics(training.score(metric, pairs["source"], pairs))
-    metrics = {**copied.pop(""), **kept(details, test_pairs["source"])}
-    append_run(runs_path, {**anchor, "model": COPY, "metrics": metrics, "extra": copied})
+        copied[test] = test_metrics(training.score(metric, pairs["source"], pairs, common))
+    append_run(runs_path, {**anchor, "model": COPY, "metrics": copied.pop(""), "extra": copied})
     warm = [f"{WARM}{model_name(mask, args)}" for mask in args.warm_variants] if args.init_from else []
     if args.init_from and not args.no_bert2bert:
         bert = transformers.AutoConfig.from_pretrained(args.init_from).model_type == "bert"
@@ -281,21 +263,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
             tic = time.perf_counter()
             raw = train(name, argv, out_dir / f"{name}-seed{seed}.log", args.threads, metric)
             wall_s = time.perf_counter() - tic
-            outputs = [json.loads(line)["prediction"] for line in (run_dir / "predictions.jsonl").open()]
             state = json.loads((run_dir / "trainer_state.json").read_text())
             steps, runtime = state.get("global_step"), raw.get("train_runtime")
+            model = transformers.AutoModelForSeq2SeqLM.from_pretrained(run_dir)  # the selected one
             append_run(runs_path, {
                 "benchmark": "quality", "model": name, "seed": seed, "settings": settings,
-                "metrics": {**test_metrics(raw), **kept(details, outputs)},
-                "extra": {test: score_extra(run_dir, argv, pairs, metric, test) for test, pairs in extras.items()},
+                "metrics": test_metrics(raw),
+                "extra": {test: score_extra(run_dir, model, argv, pairs, metric, common, test) for test, pairs in
+                          extras.items()},
                 "steps": steps, "s_per_step": runtime / steps if steps and runtime else None,
                 "best_validation_loss": state.get("best_metric", raw.get("eval_loss")),
                 "train_loss": {row["step"]: row["loss"] for row in state.get("log_history", []) if "loss" in row},
                 "wall_s": round(wall_s, 1),
-                "z_spread": None if name in (BART, BERT2BERT) else z_spread(run_dir, test_pairs),
+                "z_spread": granularity_spread(model, load_tokenizer(run_dir), *spread),
             })  # fmt: skip
     runs = read_runs([runs_path])
-    show(runs, args.plot)
+    show(runs)
     return runs
 
 

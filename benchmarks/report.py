@@ -5,9 +5,8 @@
     python benchmarks/report.py runs/novelty-s0/runs-report.jsonl runs/novelty-s1/runs-report.jsonl
     python benchmarks/report.py speed20.json speed256.json --plot docs/speed.png
 
-The files hold the JSON lines that quality.py and novelty.py append (one per model or setting and seed) or a speed.py
-result. Quality runs are grouped by model and novelty runs by setting, averaged over seeds (over checkpoints); runs of
-one group made another way are refused, naming what differs. The ratios of speed runs are merged, later ones winning.
+Quality runs are grouped by model, novelty runs by setting (`common.group_runs`: runs of one group made another way
+are refused); the ratios of speed results are merged, later ones winning.
 """
 
 from __future__ import annotations
@@ -149,10 +148,8 @@ def novelty(runs: list[dict], plot_path: str | None) -> None:
     for family, (label, style) in FAMILIES.items():
         curve = [row for row in point.values() if row["family"] == family]
         if family in ("keep", "keep_uniform"):  # a curve along keep_details, from novelty 0.5 alone when decoded
-            curve = [
-                *([point["novelty 0.5"]] if "novelty 0.5" in point else []),
-                *sorted(curve, key=lambda r: r["value"]),
-            ]
+            start = [point["novelty 0.5"]] if "novelty 0.5" in point else []
+            curve = start + sorted(curve, key=lambda row: row["value"])
         elif family != "beam" and curve:  # a curve from beam search, along falling BLEU-4
             curve = [point["beam search"], *sorted(curve, key=lambda row: -row["bleu4"])]
         size, order = (14, 3) if family == "beam" else (7, 2)

@@ -4,15 +4,11 @@
     python benchmarks/speed.py --seq-lens 20 64 256 --out speed.json   # the paper's model (docs/speed.md)
     python benchmarks/speed.py --quick --out /tmp/quick.json             # tiny model, about a minute (smoke test)
     python benchmarks/speed.py --device cuda --dtype bf16 --out gpu.json
-    python benchmarks/speed.py --seq-lens 20 256 --profile prof          # where the time goes: torch.profiler tables
+    python benchmarks/speed.py --seq-lens 20 --parts train --profile prof  # where the time goes: torch.profiler
 
-At every length L (source and target of L random tokens) it measures the ratios `comparisons` lists, with the bounds
-of TARGETS: training steps, beam search and the inference forward of GA masks, "none", transformers' BART, eager and
-flex attention, cached and uncached, static and dynamic caches. Each call is a `torch.utils.benchmark.Timer`
-measurement; the models of a part take turns in one process, in an order rotated each round, so that a shared
-machine's slow phases hit both sides of a ratio alike: a ratio is the median of the per-round ratios. On CPU the clock
-is the process CPU time with one thread; memory is measured on CUDA only. The protocol and its reading:
-docs/speed.md; the table and figure of result files: benchmarks/report.py.
+`comparisons` lists the ratios and TARGETS their bounds. The models of a part take turns in rotated order, each call
+a `torch.utils.benchmark.Timer` measurement (CPU: process time, one thread); a ratio is the median of the per-round
+ratios. The protocol and its reading: docs/speed.md; the table and figure of result files: benchmarks/report.py.
 """
 
 from __future__ import annotations
@@ -21,7 +17,6 @@ import argparse
 import contextlib
 import gc
 import itertools
-import json
 import statistics
 import sys
 import time
@@ -150,14 +145,9 @@ def workload(runner: str, model, part: str, batch: int, length: int, new_tokens:
 
         return forward
     special = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
-    config = GenerationConfig(
-        num_beams=DECODING["num_beams"],
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        early_stopping=False,
-        use_cache=not runner.endswith("-cache"),
-        **{key: getattr(model.config, key) for key in special},
-    )
+    config = GenerationConfig(num_beams=DECODING["num_beams"], max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              early_stopping=False, use_cache=not runner.endswith("-cache"),
+                              **{key: getattr(model.config, key) for key in special})  # fmt: skip
     if runner.endswith("+static"):
         config.cache_implementation = "static"
         config.compile_config = CompileConfig(fullgraph=True)
@@ -206,8 +196,24 @@ def measure(args, model_kw: dict, length: int, part: str, plan: list[tuple], res
     models = {}  # one model per (mask, attention): cached and uncached beam search share it
     calls = {}
     for runner in runners:
-        model = models.setdefault(model_name(runner), build_model(runner, model_kw))
-        calls[runner] = workload(runner, model, part, batch, length, new_tokens, args)
+        if (name := model_name(runner)) not in models:
+            models[name] = build_model(runner, model_kw)
+            if args.profile:
+                label_modules(models[name])
+        calls[runner] = workload(runner, models[name], part, batch, length, new_tokens, args)
+    if args.profile:  # instead of the timing: one profiled call of each runner, after a warm-up call
+        for runner, call in calls.items():
+            call()
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                call()
+            name, averages = f"L{length}_{part}_{runner}", prof.key_averages()
+            table = averages.table(sort_by="self_cpu_time_total", row_limit=60, max_name_column_width=70)
+            (args.profile / f"{name}.txt").write_text(f"{name}: batch {batch}\n{table}", encoding="utf-8")
+            ranges = {e.key: e.cpu_time_total / 1e6 for e in averages if e.key.startswith("cdnpg::")}
+            results["profile"][name] = {"self_cpu_total_s": sum(e.self_cpu_time_total for e in averages) / 1e6,
+                                        "ranges_s": ranges}  # fmt: skip
+            print(f"{name}: {results['profile'][name]}", file=sys.stderr)
+        return
     print(f"[L{length}] {part}: batch {batch}, {len(runners)} runners, {args.repeats} rounds", file=sys.stderr)
     peaks = {runner: peak_memory(call, args.device) for runner, call in calls.items()}
     clock = {"timer": time.process_time} if args.device.type == "cpu" else {}  # Timer's default syncs CUDA
@@ -240,48 +246,10 @@ def label_modules(model: torch.nn.Module) -> None:
     """A profiler range around the forward pass of every granularity head and attention module, through hooks (the
     model is not edited), so that product against none shows the GA share of attention."""
     for module in model.modules():
-        if type(module) in PROFILED:
-            ranges = []  # the range this module's forward opened
-
-            def enter(module, inputs, ranges=ranges):
-                ranges.append(record_function(PROFILED[type(module)]).__enter__())
-
-            module.register_forward_pre_hook(enter)
-            module.register_forward_hook(
-                lambda *_, ranges=ranges: ranges.pop().__exit__(None, None, None), always_call=True
-            )
-
-
-def profile_calls(args, model_kw: dict) -> list[dict]:
-    """--profile DIR: one profiled training step and cached beam search (after a warm-up) of product and none at each
-    length: DIR/L<length>_<train|generate>_<mask>.txt (`key_averages()` by self CPU time, then by input shape) and
-    DIR/summary.json (the time in the labelled ranges)."""
-    args.profile.mkdir(parents=True, exist_ok=True)
-    summary = []
-    for length in args.seq_lens:
-        batch, gen_batch, new_tokens = shapes(args, length)
-        for variant in ("product", "none"):
-            for part, runner, rows in (("train", variant, batch), ("generate", f"{variant}+cache", gen_batch)):
-                model = build_model(runner, model_kw)
-                call = workload(runner, model, part, rows, length, new_tokens, args)
-                call()  # warm-up
-                label_modules(model)
-                with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-                    call()
-                averages = prof.key_averages()
-                total = sum(event.self_cpu_time_total for event in averages) / 1e6
-                name = f"L{length}_{part}_{variant}"
-                (args.profile / f"{name}.txt").write_text(
-                    f"{name}: batch {rows}, self CPU total {total:.3f} s\n"
-                    + averages.table(sort_by="self_cpu_time_total", row_limit=60, max_name_column_width=70)
-                    + "\n\nby input shape:\n"
-                    + prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=40)
-                )
-                ranges = {e.key: e.cpu_time_total / 1e6 for e in averages if e.key.startswith("cdnpg::")}
-                summary.append({"name": name, "batch": rows, "self_cpu_total_s": total, "ranges_s": ranges})
-                print(f"{name}: {total:.3f} s; " + ", ".join(f"{k} {100 * t / total:.1f}%" for k, t in ranges.items()))
-    (args.profile / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
+        if name := PROFILED.get(type(module)):
+            opened = []  # the range this module's forward opened
+            module.register_forward_pre_hook(lambda *_, n=name, o=opened: o.append(record_function(n).__enter__()))
+            module.register_forward_hook(lambda *_, o=opened: o.pop().__exit__(None, None, None), always_call=True)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -302,31 +270,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--dtype", default="fp32", choices=("fp32", "bf16"), help="bf16: autocast, fp32 weights")
     add("--quick", action="store_true", help="tiny model, lengths 8 and 16: a smoke run")
     add("--out", type=Path, help="JSON: the ratios, every measurement, the options, the machine")
-    add("--profile", type=Path, metavar="DIR", help="profile product and none into DIR instead of timing ratios")
+    add("--profile", type=Path, metavar="DIR", help="instead of the timing, profile each runner once into DIR")
     args = parser.parse_args(argv)
     args.seq_lens = args.seq_lens or ([8, 16] if args.quick else [20, 64, 256])
     args.repeats = args.repeats or (2 if args.quick else 5)
     return args
 
 
-def main(argv=None) -> dict | list[dict]:
+def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.device.type == "cpu":
         torch.set_num_threads(1)  # a thread waiting for a descheduled sibling would inflate small ops many times
     model_kw = QUICK_MODEL if args.quick else {}
     if args.profile:
-        return profile_calls(args, model_kw)
+        args.profile.mkdir(parents=True, exist_ok=True)
     plan = comparisons(args)
-    results = {
-        "benchmark": "speed",
-        "command": " ".join(["speed.py", *(sys.argv[1:] if argv is None else argv)]),
-        "options": vars(args),
-        "machine": machine_info(),
-        "expected_ratio_keys": [f"L{length}/{c[0]}" for length in args.seq_lens for c in plan],
-        "ratios": {},
-        "median_s": {},
-        "measurements": [],
-    }
+    command = " ".join(["speed.py", *(sys.argv[1:] if argv is None else argv)])
+    results = {"benchmark": "speed", "command": command, "options": vars(args), "machine": machine_info(),
+               "expected_ratio_keys": [f"L{length}/{c[0]}" for length in args.seq_lens for c in plan],
+               "ratios": {}, "median_s": {}, "measurements": [], "profile": {}}  # fmt: skip
 
     def save():
         if args.out:

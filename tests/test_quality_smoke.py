@@ -56,6 +56,15 @@ def test_quality_quick_scores_every_model(tmp_path):
             assert math.isfinite(metrics[key]), (name, key, metrics[key])
         assert 0 <= metrics["rare_kept"] <= 100, name
 
+    # run.py's rare_kept: the rare words (outside the training text's common words) of its test sources it kept
+    from cdnpg.training.paraphrase_metrics import common_words, detail_words, retention
+
+    train = [json.loads(line) for line in (out / "data" / "train.jsonl").read_text().splitlines()]
+    common = common_words([*(row["source"] for row in train), *(row["target"] for row in train)])
+    rows = [json.loads(line) for line in (out / "none-seed0" / "predictions.jsonl").read_text().splitlines()]
+    kept = retention([detail_words(row["source"], common) for row in rows], [row["prediction"] for row in rows])
+    assert groups["none"][0]["metrics"]["rare_kept"] == pytest.approx(kept["rare"])
+
     copy = groups["copy-source"][0]["metrics"]
     assert copy["self_bleu4"] > 95  # BLEU-4 of the source against itself (method7 smoothing lets it exceed 100)
     assert copy["rare_kept"] == 100.0  # the source keeps every rare word it has

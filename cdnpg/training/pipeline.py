@@ -19,6 +19,7 @@ from cdnpg.training.checks import check_bf16_on_cpu, check_distributed_launch
 from cdnpg.training.data import data_name, prepare_data
 from cdnpg.training.model import build_model, calibrate
 from cdnpg.training.output_dir import TrainingInterrupted, model_kept_on_failure, prepare_output_dir
+from cdnpg.training.paraphrase_metrics import common_words
 from cdnpg.training.scoring import load_metric, predict, record, score, training_summary, write_predictions
 from cdnpg.training.trainer import decoding_config, make_trainer, report_strategy
 
@@ -113,7 +114,9 @@ def train_and_score(
         with model_kept_on_failure(output_dir, "generation and scoring of the test split"):
             predictions, test_metrics = predict(trainer, features["test"])
             if trainer.is_world_process_zero():
-                test_metrics.update(score(metric, predictions, corpus["test"]))
+                texts = [*corpus["train"]["source"], *corpus["train"]["target"]] if "train" in corpus else []
+                common = common_words(texts) if texts else None  # what counts as a rare word: numbers_kept, rare_kept
+                test_metrics.update(score(metric, predictions, corpus["test"], common))
                 write_predictions(Path(output_dir) / "predictions.jsonl", corpus["test"], predictions)
             record(trainer, "test", test_metrics, metrics)
     return metrics

@@ -2,6 +2,7 @@
 predictions file, the metrics files, and the model card's account of the run."""
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,10 +32,19 @@ def predict(trainer: Seq2SeqTrainer, features: datasets.Dataset) -> tuple[list[s
     return trainer.processing_class.batch_decode(ids, skip_special_tokens=True), output.metrics
 
 
-def score(metric: evaluate.EvaluationModule, predictions: Sequence[str], pairs: datasets.Dataset) -> dict[str, float]:
-    """The paper's metrics of the predictions against the pairs' targets and sources, as `test_*` keys."""
-    scores = metric.compute(predictions=list(predictions), references=pairs["target"], sources=pairs["source"])
-    return {f"test_{key}": float(value) for key, value in scores.items()}
+def score(
+    metric: evaluate.EvaluationModule,
+    predictions: Sequence[str],
+    pairs: datasets.Dataset,
+    common: set[str] | None = None,
+) -> dict[str, float]:
+    """The paper's metrics of the predictions against the pairs' targets and sources, as `test_*` keys; with the
+    training text's `common_words`, also the numbers and rare source words the predictions keep (left out when the
+    sources have none: their share is NaN)."""
+    scores = metric.compute(
+        predictions=list(predictions), references=pairs["target"], sources=pairs["source"], common=common
+    )
+    return {f"test_{key}": float(value) for key, value in scores.items() if not math.isnan(value)}
 
 
 def write_predictions(path: str | os.PathLike, pairs: datasets.Dataset, predictions: Sequence[str]) -> None:
