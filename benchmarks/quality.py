@@ -210,6 +210,27 @@ def test_metrics(raw: dict[str, float]) -> dict[str, float]:
     return {k.removeprefix("test_"): v for k, v in raw.items() if k.startswith("test_") and not k.endswith(timings)}
 
 
+def recipe(args: argparse.Namespace, files: dict, tokenizer: Path, data: dict) -> dict:
+    """What every model is trained with, defaults filled in (run.py parses the recipe as it will for each model): a
+    run's `settings`. Without a model from scratch, the sizes and rate are the warm start's, so they are left out."""
+    try:
+        model_args, data_args, training_args = training.parse_args(run_argv("none", args, files, tokenizer, 0, ROOT))
+    except training.UsageError as error:
+        raise SystemExit(f"error: {error}") from None
+    config = CDNPGConfig(**model_args.config_overrides())
+    settings = {
+        **data, "d_model": config.d_model, "layers": config.encoder_layers, "ffn_dim": config.encoder_ffn_dim,
+        "attention_heads": config.encoder_attention_heads, "dropout": config.dropout,
+        "vocab_size": len(load_tokenizer(tokenizer)), "batch_size": training_args.per_device_train_batch_size,
+        "num_beams": training_args.generation_num_beams, "max_new_tokens": data_args.max_target_length,
+        **{key: getattr(args, key) for key in (*RECIPE, "warm_granularity_learning_rate", "init_from", "bf16")},
+        **{key: getattr(args, key) for key in ("copy_mechanism", "both_directions") if getattr(args, key)},
+    }  # fmt: skip
+    if not args.variants and args.no_bart:
+        return {key: value for key, value in settings.items() if key not in (*SIZE_FLAGS, "learning_rate")}
+    return settings
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     out_dir = Path(args.output_dir).resolve()
@@ -223,21 +244,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     metric, runs_path = training.load_metric(), out_dir / "runs.jsonl"
     data = {"data": f"{len(train_pairs):,} training pairs ({files['train'].name})",
             "test": f"{len(test_pairs)} pairs of {files['test'].name}"}  # fmt: skip
-    try:  # what every model is trained with, defaults filled in: run.py parses the recipe as it will for each model
-        model_args, data_args, training_args = training.parse_args(
-            run_argv("none", args, files, tokenizer_dir, 0, out_dir)
-        )
-    except training.UsageError as error:
-        raise SystemExit(f"error: {error}") from None
-    config = CDNPGConfig(**model_args.config_overrides())
-    settings = {
-        **data, "d_model": config.d_model, "layers": config.encoder_layers, "ffn_dim": config.encoder_ffn_dim,
-        "attention_heads": config.encoder_attention_heads, "dropout": config.dropout,
-        "vocab_size": len(load_tokenizer(tokenizer_dir)), "batch_size": training_args.per_device_train_batch_size,
-        "num_beams": training_args.generation_num_beams, "max_new_tokens": data_args.max_target_length,
-        **{key: getattr(args, key) for key in (*RECIPE, "warm_granularity_learning_rate", "init_from", "bf16")},
-        **{key: getattr(args, key) for key in ("copy_mechanism", "both_directions") if getattr(args, key)},
-    }  # fmt: skip
+    settings = recipe(args, files, tokenizer_dir, data)
     check_setup(runs_path, data)
     check_setup(runs_path, settings)
     spread = test_pairs[:256]["source"], test_pairs[:256]["target"]  # what granularity_spread reads

@@ -262,3 +262,21 @@ def test_granularity_spread_is_zero_at_a_warm_start_and_shows_a_trained_head_in_
 
     none, _ = convert(tmp_path / "bert", granularity_mask="none")
     assert granularity_spread(none, tokenizer, sentences, sentences) is None  # no granularity heads: nothing to say
+
+
+def test_a_warm_start_only_run_records_no_from_scratch_sizes(tmp_path):
+    """A run of warm starts alone takes its sizes and rate from the checkpoint: its settings (and the table's title)
+    do not carry the from-scratch model's d_model, layers, heads, FFN or learning rate; a run with one does."""
+    from tests.test_convert import save_with_tokenizer, tiny_bert
+
+    quality = load_benchmark("quality")
+    bert = save_with_tokenizer(tiny_bert(), tmp_path / "bert")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"source": "how is the cat ?", "target": "is the cat ?"}) + "\n")
+    files = dict.fromkeys(("train", "valid", "test"), pairs)
+    warm = ["--init_from", str(bert), "--tokenizer", str(bert), "--warm_variants", "resonance", "--no_bart"]
+    alone = quality.recipe(quality.parse_args([*warm, "--variants"]), files, bert, {})
+    beside = quality.recipe(quality.parse_args([*warm, "--variants", "none"]), files, bert, {})
+    sizes = {"d_model", "layers", "attention_heads", "ffn_dim", "learning_rate"}
+    assert not sizes & set(alone) and alone["warm_learning_rate"] == 1e-4
+    assert sizes <= set(beside) and beside["d_model"] == 450  # CDNPGConfig's default, the paper's
