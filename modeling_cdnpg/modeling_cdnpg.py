@@ -1025,10 +1025,13 @@ class CopyMechanism(nn.Module):
         source_mask: torch.Tensor,
         z_source: torch.Tensor | None = None,
         z_target: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        labels: torch.LongTensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits (b, i, V) of the vocabulary, decoder states (b, i, d), encoder states (b, j, d), source ids and
-        mask (b, j), z of the source (b, j) and of the decoder positions (b, i) for the granularity gate
-        -> log P(y_t) (b, i, V), in float32."""
+        mask (b, j), z of the source (b, j) and of the decoder positions (b, i) for the granularity gate, labels
+        (b, i) -> log P(y_t) (b, i, V) in float32, and the summed negative log-likelihood of the labels (-100 left
+        out) or None. The loss is read at the labels alone, so that its backward pass is cross-entropy's: nothing
+        flows back through the (b, i, V) mixture unless the caller uses it."""
         scores = (self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)).float() * self.scaling
         if z_source is not None:  # GA: the copy attention leans on the source's details
             scores = scores + z_source.float().clamp(min=MASK_FLOOR).log()[:, None, :]
@@ -1041,17 +1044,28 @@ class CopyMechanism(nn.Module):
         else:  # GA: ρ_t = z_t
             z_target = z_target.float()
             log_rho, log_not_rho = z_target.clamp(min=MASK_FLOOR).log(), (1 - z_target).clamp(min=MASK_FLOOR).log()
+        log_p = logits.float().log_softmax(-1)  # log P_gen
+
+        def mixed(generated: torch.Tensor, copied: torch.Tensor) -> torch.Tensor:
+            """log P(y) = log((1 - ρ) P_gen(y) + ρ Σ_{j: x_j = y} α_tj) from log((1 - ρ) P_gen(y)) and that sum."""
+            return torch.logaddexp(generated, copied.clamp(min=MASK_FLOOR).log() + log_rho[..., None])
+
         # only the source's tokens change: the mixture is computed for them, never as a second (b, i, V) tensor
         same = source_ids[:, :, None] == source_ids[:, None, :]  # (b, j, j)
-        copied = alpha @ same.to(alpha.dtype)  # (b, i, j): each source position's token, repeated tokens add up
-        logits = logits.float()
-        shift = logits.logsumexp(-1, keepdim=True) - log_not_rho[..., None]
-        generated = logits - shift  # log((1 - ρ) P_gen): one pass over the vocabulary
         index = source_ids[:, None, :].expand_as(alpha)
-        before = logits.gather(-1, index) - shift  # read from `logits`, so that `generated` may change in place
-        mixed = torch.logaddexp(before, copied.clamp(min=MASK_FLOOR).log() + log_rho[..., None])
         first = (same.tril(-1).sum(-1) == 0)[:, None, :]  # a token the source repeats is changed once
-        return generated.scatter_add_(-1, index, (mixed - before) * first)
+        before = log_p.gather(-1, index) + log_not_rho[..., None]  # read from `log_p`: the sum below changes in place
+        after = mixed(before, alpha @ same.to(alpha.dtype))  # repeated tokens add up
+        log_probs = (log_p + log_not_rho[..., None]).scatter_add_(-1, index, (after - before) * first)
+        if labels is None:
+            return log_probs, None
+        targets = labels.clamp(min=0)[..., None]  # (b, i, 1); -100 read as token 0, then left out
+        hits = targets == source_ids[:, None, :]  # (b, i, j)
+        generated = log_p.gather(-1, targets) + log_not_rho[..., None]
+        picked = torch.where(
+            hits.any(-1, keepdim=True), mixed(generated, (alpha * hits).sum(-1, keepdim=True)), generated
+        )
+        return log_probs, -(picked.squeeze(-1) * (labels != -100)).sum()
 
 
 class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
@@ -1123,16 +1137,16 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         if self.lm_head_transform is not None:
             hidden_states = self.lm_head_transform(hidden_states)
         logits = self.lm_head(hidden_states)
+        nll = None
         if self.copy_mechanism is not None:
             source_ids = input_ids if input_ids is not None else getattr(encoder_outputs, "source_ids", None)
-            logits = self.copy(logits, decoder_states, outputs, source_ids, attention_mask, positions)
+            logits, nll = self.copy(logits, decoder_states, outputs, source_ids, attention_mask, positions, labels)
 
         loss = None
         if labels is not None:
             if num_items_in_batch is None:  # the mean over real target tokens; 0, not NaN, when there are none
                 num_items_in_batch = (labels != -100).sum().clamp(min=1)
-            if self.copy_mechanism is not None:  # already log-probabilities: cross-entropy's log_softmax is a no-op
-                nll = F.nll_loss(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+            if nll is not None:  # the copy mechanism's, read at the labels: the NLL of the returned log-probabilities
                 loss = nll / num_items_in_batch
             else:
                 loss = self.loss_function(
@@ -1146,8 +1160,9 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         model_outputs = {name: value for name, value in outputs.items() if name not in left_out}
         return CDNPGSeq2SeqLMOutput(loss=loss, logits=logits, **model_outputs)
 
-    def copy(self, logits, decoder_states, outputs, source_ids, attention_mask, positions) -> torch.Tensor:
-        """The vocabulary logits mixed with the copy distribution (`CopyMechanism`), as log-probabilities."""
+    def copy(self, logits, decoder_states, outputs, source_ids, attention_mask, positions, labels=None):
+        """The vocabulary logits mixed with the copy distribution (`CopyMechanism`), as log-probabilities, and the
+        summed NLL of the labels when given."""
         if source_ids is None:
             raise ValueError(
                 "copy_mechanism: the copy distribution is put on the source token ids: pass input_ids, or "
@@ -1159,7 +1174,9 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         if self.config.copy_mechanism == "granularity":
             z_source = self.model.decoder.layers[-1].encoder_attn.granularity_head(encoder_states)  # (b, j)
             z_target = outputs.cross_granularities[-1][:, positions]  # (b, i)
-        return self.copy_mechanism(logits, decoder_states, encoder_states, source_ids, mask, z_source, z_target)
+        return self.copy_mechanism(
+            logits, decoder_states, encoder_states, source_ids, mask, z_source, z_target, labels=labels
+        )
 
     def get_encoder(self) -> CDNPGEncoder:
         """transformers 4.57 has no default. The embedding accessors and `get_decoder` are PreTrainedModel's, which

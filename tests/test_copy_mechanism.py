@@ -4,6 +4,7 @@ remote code, and a trained model that copies words it never saw in training."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForSeq2SeqLM
 
 from cdnpg.data import load_tokenizer, model_token_ids, template_corpus, train_wordpiece_tokenizer
@@ -55,7 +56,7 @@ def test_copy_probabilities_by_hand_repeated_source_tokens_add_up():
         copy.gate_proj.bias.fill_(0.4)
     logits = torch.randn(1, 2, config.vocab_size)
     source_ids = torch.tensor([[5, 7, 5, PAD]])
-    mixed = copy(logits, torch.randn(1, 2, 32), torch.randn(1, 4, 32), source_ids, torch.tensor([[1, 1, 1, 0]]))
+    mixed, _ = copy(logits, torch.randn(1, 2, 32), torch.randn(1, 4, 32), source_ids, torch.tensor([[1, 1, 1, 0]]))
     rho = torch.sigmoid(torch.tensor(0.4))
     expected = (1 - rho) * logits.softmax(-1)
     expected[..., 5] += rho * 2 / 3
@@ -63,7 +64,7 @@ def test_copy_probabilities_by_hand_repeated_source_tokens_add_up():
     torch.testing.assert_close(mixed.exp(), expected)
 
 
-def test_the_mixture_and_its_gradients_equal_the_dense_formula_with_repeated_source_tokens():
+def test_the_mixture_its_loss_and_their_gradients_equal_the_dense_formula_with_repeated_source_tokens():
     """The module changes only the source's tokens (each distinct one once); the dense formula builds the whole copy
     distribution: log((1 - ρ) softmax(logits) + ρ scatter_add(α)). Values and every gradient agree, also where the
     source repeats a token (a write per occurrence would count its gradient twice)."""
@@ -84,11 +85,17 @@ def test_the_mixture_and_its_gradients_equal_the_dense_formula_with_repeated_sou
         return ((1 - rho) * logits.softmax(-1) + rho * copied).log()
 
     inputs = [logits, states, encoder_states, *copy.parameters()]
-    got = copy(logits, states, encoder_states, source_ids, mask)
+    labels = torch.tensor([[5, 7, 2], [6, -100, 8]])  # copied twice over, once, never; a padded position
+    got, nll = copy(logits, states, encoder_states, source_ids, mask, labels=labels)
     expected = dense()
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    for ours, theirs in zip(torch.autograd.grad((got * weight).sum(), inputs),
-                            torch.autograd.grad((expected * weight).sum(), inputs)):  # fmt: skip
+    for ours, theirs in zip(torch.autograd.grad((got * weight).sum(), inputs, retain_graph=True),
+                            torch.autograd.grad((expected * weight).sum(), inputs, retain_graph=True)):  # fmt: skip
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    # the loss, read at the labels alone, is the NLL of the dense distribution, with the same gradients
+    dense_nll = F.nll_loss(expected.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+    torch.testing.assert_close(nll, dense_nll, atol=1e-5, rtol=1e-5)
+    for ours, theirs in zip(torch.autograd.grad(nll, inputs), torch.autograd.grad(dense_nll, inputs)):
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
