@@ -214,7 +214,8 @@ def recipe(args: argparse.Namespace, files: dict, tokenizer: Path, data: dict) -
     """What every model is trained with, defaults filled in (run.py parses the recipe as it will for each model): a
     run's `settings`. Without a model from scratch, the sizes and rate are the warm start's, so they are left out."""
     try:
-        model_args, data_args, training_args = training.parse_args(run_argv("none", args, files, tokenizer, 0, ROOT))
+        argv = run_argv("none", args, files, tokenizer, 0, ROOT)  # parsed only: no folder is written
+        model_args, data_args, training_args = training.parse_args(argv)
     except training.UsageError as error:
         raise SystemExit(f"error: {error}") from None
     config = CDNPGConfig(**model_args.config_overrides())

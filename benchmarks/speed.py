@@ -306,8 +306,9 @@ def main(argv=None) -> dict:
         print(f"stopped by {results['error']}" + (f"; what was measured is in {args.out}" if args.out else ""),
               file=sys.stderr)  # fmt: skip
         raise
-    benchmark.Compare(results["measurements"]).print()
-    show([results])
+    if not args.profile:  # a profile times no ratio: no table to print
+        benchmark.Compare(results["measurements"]).print()
+        show([results])
     save()
     return results
 
