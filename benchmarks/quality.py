@@ -68,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warm_variants", **masks, default=["none", "resonance"], help="warm-started from --init_from")
     add("--warm_granularity_learning_rate", type=float, help="of their granularity heads (run.py's flag)")
     add("--copy_mechanism", choices=COPY_MECHANISMS[1:], help="of every C-DNPG model (named in the model's row)")
+    add("--copy_common_tokens", type=int, metavar="N", help="never copy the N most frequent tokens (run.py's)")
     add("--both_directions", action="store_true", help="C-DNPG models also learn each pair reversed (run.py's)")
     add("--extra_test", action="append", default=[], metavar="NAME=FILE", help="another test set (repeatable)")
     add("--seeds", type=int, nargs="+", default=[0], help="one run per seed; mean ± std when several")
@@ -127,6 +128,7 @@ def prepare_tokenizer(args: argparse.Namespace, train_file: Path, out_dir: Path)
 def model_name(mask: str, args: argparse.Namespace) -> str:
     """A C-DNPG model's row: its mask, and its copy gate and data when given ("warm-resonance+copy-learned+both")."""
     copy = f"+copy-{args.copy_mechanism}" if args.copy_mechanism else ""
+    copy += f"-skip{args.copy_common_tokens}" if args.copy_common_tokens else ""
     return mask + copy + ("+both" if args.both_directions else "")
 
 
@@ -158,6 +160,7 @@ def run_argv(name: str, args: argparse.Namespace, files: dict, tokenizer: Path, 
     argv += [item for key, value in given.items() for item in (f"--{RUN_FLAGS[key]}", str(value))]
     if name not in (BART, BERT2BERT):
         argv += ["--copy_mechanism", args.copy_mechanism] if args.copy_mechanism else []
+        argv += ["--copy_common_tokens", str(args.copy_common_tokens)] if args.copy_common_tokens else []
         argv += ["--both_directions", "true"] if args.both_directions else []
     return argv
 
@@ -225,7 +228,7 @@ def recipe(args: argparse.Namespace, files: dict, tokenizer: Path, data: dict) -
         "vocab_size": len(load_tokenizer(tokenizer)), "batch_size": training_args.per_device_train_batch_size,
         "num_beams": training_args.generation_num_beams, "max_new_tokens": data_args.max_target_length,
         **{key: getattr(args, key) for key in (*RECIPE, "warm_granularity_learning_rate", "init_from", "bf16")},
-        **{key: getattr(args, key) for key in ("copy_mechanism", "both_directions") if getattr(args, key)},
+        **{key: getattr(args, key) for key in ("copy_mechanism", "copy_common_tokens", "both_directions") if getattr(args, key)},
     }  # fmt: skip
     if not args.variants and args.no_bart:
         return {key: value for key, value in settings.items() if key not in (*SIZE_FLAGS, "learning_rate")}

@@ -100,6 +100,10 @@ class CDNPGConfig(PretrainedConfig):
             weighted by the source tokens' z and ρ = z of the decoder position, both from the last decoder layer's
             cross-attention granularity head: details are copied, templates generated; needs granularity heads in
             cross-attention). `None` (the default, every earlier checkpoint): no copying.
+        copy_excluded_token_ids (`list[int]`, *optional*):
+            Token ids the copy never points at, so that they come from the vocabulary distribution alone: the
+            training text's most frequent tokens (the template's words and the special tokens), leaving the pointer
+            to the details, as Gulcehre et al. (2016) point only at rare words. `None`: any source token is copied.
         initializer_range (`float`, defaults to 0.02):
             Standard deviation of the normal initialisation of all weight matrices and embeddings.
         use_cache (`bool`, defaults to `True`):
@@ -150,6 +154,7 @@ class CDNPGConfig(PretrainedConfig):
         initializer_range: float = 0.02,
         lm_head_transform: bool = False,
         copy_mechanism: str | None = None,
+        copy_excluded_token_ids: list[int] | None = None,
         use_cache: bool = True,
         tie_word_embeddings: bool = True,
         **kwargs,
@@ -178,6 +183,7 @@ class CDNPGConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.lm_head_transform = lm_head_transform
         self.copy_mechanism = copy_mechanism
+        self.copy_excluded_token_ids = list(copy_excluded_token_ids) if copy_excluded_token_ids is not None else None
         self.use_cache = use_cache  # 5.x's base config no longer sets it from kwargs
         self.tie_word_embeddings = tie_word_embeddings
         # a copy per config: transformers.pipeline rewrites the class names it reads into classes, in place
@@ -204,6 +210,18 @@ class CDNPGConfig(PretrainedConfig):
                 f"granularity heads there: granularity_mask={self.granularity_mask!r} and cross_attention_granularity="
                 f"{self.cross_attention_granularity!r}; use copy_mechanism='learned' for a model without them"
             )
+        if self.copy_excluded_token_ids is not None:
+            if self.copy_mechanism is None:
+                raise ValueError(
+                    "copy_excluded_token_ids is set but copy_mechanism is None: there is no copy to limit"
+                )
+            outside = [
+                i for i in self.copy_excluded_token_ids if not (isinstance(i, int) and 0 <= i < self.vocab_size)
+            ]
+            if outside:
+                raise ValueError(
+                    f"copy_excluded_token_ids must be token ids in [0, vocab_size={self.vocab_size}), got {outside[:5]}"
+                )
         if not self.scope_epsilon > 0:
             raise ValueError(f"scope_epsilon must be > 0 (eq. 8), got {self.scope_epsilon!r}")
         for name in (

@@ -1007,10 +1007,12 @@ class CopyMechanism(nn.Module):
     Gates (`CDNPGConfig.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]) with c_t the copy context; `granularity`,
     C-DNPG's decomposition decides: α re-weighted by the source tokens' z (details are copied) and ρ_t = z of the
     decoder position, both from the last decoder layer's cross-attention granularity head.
+    `copy_excluded_token_ids` are never pointed at (ρ_t = 0 where the source holds nothing else).
     """
 
     def __init__(self, config: CDNPGConfig):
         super().__init__()
+        self.excluded_token_ids = tuple(config.copy_excluded_token_ids or ())
         self.scaling = config.d_model**-0.5
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
@@ -1035,7 +1037,10 @@ class CopyMechanism(nn.Module):
         scores = (self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)).float() * self.scaling
         if z_source is not None:  # GA: the copy attention leans on the source's details
             scores = scores + z_source.float().clamp(min=MASK_FLOOR).log()[:, None, :]
-        scores = scores.masked_fill(~source_mask.bool()[:, None, :], torch.finfo(scores.dtype).min)
+        copyable = source_mask.bool()
+        if self.excluded_token_ids:
+            copyable = copyable & ~torch.isin(source_ids, source_ids.new_tensor(self.excluded_token_ids))
+        scores = scores.masked_fill(~copyable[:, None, :], torch.finfo(scores.dtype).min)
         alpha = scores.softmax(-1)  # (b, i, j)
         if self.gate_proj is not None:
             context = alpha.to(encoder_states.dtype) @ encoder_states  # (b, i, d)
@@ -1044,6 +1049,9 @@ class CopyMechanism(nn.Module):
         else:  # GA: ρ_t = z_t
             z_target = z_target.float()
             log_rho, log_not_rho = z_target.clamp(min=MASK_FLOOR).log(), (1 - z_target).clamp(min=MASK_FLOOR).log()
+        nothing = ~copyable.any(-1)[:, None]  # (b, 1): every source token excluded, so all is generated
+        log_rho = log_rho.masked_fill(nothing, torch.finfo(log_rho.dtype).min)
+        log_not_rho = log_not_rho.masked_fill(nothing, 0.0)
         log_p = logits.float().log_softmax(-1)  # log P_gen
 
         def mixed(generated: torch.Tensor, copied: torch.Tensor) -> torch.Tensor:
@@ -1053,14 +1061,14 @@ class CopyMechanism(nn.Module):
         # only the source's tokens change: the mixture is computed for them, never as a second (b, i, V) tensor
         same = source_ids[:, :, None] == source_ids[:, None, :]  # (b, j, j)
         index = source_ids[:, None, :].expand_as(alpha)
-        first = (same.tril(-1).sum(-1) == 0)[:, None, :]  # a token the source repeats is changed once
+        first = ((same.tril(-1).sum(-1) == 0) & copyable)[:, None, :]  # a repeated token is changed once
         before = log_p.gather(-1, index) + log_not_rho[..., None]  # read from `log_p`: the sum below changes in place
         after = mixed(before, alpha @ same.to(alpha.dtype))  # repeated tokens add up
         log_probs = (log_p + log_not_rho[..., None]).scatter_add_(-1, index, (after - before) * first)
         if labels is None:
             return log_probs, None
         targets = labels.clamp(min=0)[..., None]  # (b, i, 1); -100 read as token 0, then left out
-        hits = targets == source_ids[:, None, :]  # (b, i, j)
+        hits = (targets == source_ids[:, None, :]) & copyable[:, None, :]  # (b, i, j)
         generated = log_p.gather(-1, targets) + log_not_rho[..., None]
         picked = torch.where(
             hits.any(-1, keepdim=True), mixed(generated, (alpha * hits).sum(-1, keepdim=True)), generated

@@ -64,6 +64,72 @@ def test_copy_probabilities_by_hand_repeated_source_tokens_add_up():
     torch.testing.assert_close(mixed.exp(), expected)
 
 
+def test_excluded_tokens_get_no_copy_probability_and_a_source_of_them_only_is_generated_by_hand():
+    """copy_excluded_token_ids 5 and 8, zero projections: in row 0, α is uniform over the copyable 7 and 9 and token
+    5 keeps (1 - ρ) P_gen alone; row 1 holds excluded tokens only, so ρ = 0 and P = P_gen. The loss read at the
+    labels is the NLL of that distribution."""
+    config = tiny_config(copy_mechanism="learned", copy_excluded_token_ids=[5, 8])
+    copy = CopyMechanism(config)
+    with torch.no_grad():
+        for parameter in copy.parameters():
+            parameter.zero_()
+        copy.gate_proj.bias.fill_(0.4)
+    logits = torch.randn(2, 2, config.vocab_size)
+    source_ids, mask = torch.tensor([[5, 7, 5, 9], [8, 5, 8, PAD]]), torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    labels = torch.tensor([[5, 7], [8, 3]])
+    mixed, nll = copy(logits, torch.randn(2, 2, 32), torch.randn(2, 4, 32), source_ids, mask, labels=labels)
+    rho = torch.sigmoid(torch.tensor(0.4))
+    expected = logits.softmax(-1)
+    expected[0] *= 1 - rho
+    expected[0, :, 7] += rho / 2
+    expected[0, :, 9] += rho / 2
+    torch.testing.assert_close(mixed.exp(), expected)
+    torch.testing.assert_close(nll, -expected.log().gather(-1, labels[..., None]).sum())
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_a_model_whose_source_tokens_are_all_excluded_trains_and_scores_as_the_model_without_copy(gate):
+    plain = tiny_model(granularity_mask="resonance")
+    input_ids, attention_mask = batch()
+    copying = tiny_model(
+        granularity_mask="resonance",
+        copy_mechanism=gate,
+        copy_excluded_token_ids=sorted(set(input_ids.flatten().tolist())),
+    )
+    copying.load_state_dict(plain.state_dict(), strict=False)
+    labels = input_ids[:, 1:7]
+    expected = plain(input_ids, attention_mask, labels=labels)
+    got = copying(input_ids, attention_mask, labels=labels)
+    torch.testing.assert_close(got.logits, expected.logits.log_softmax(-1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.loss, expected.loss)
+    got.loss.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in copying.parameters())
+
+
+def test_the_copy_limits_are_checked_where_they_are_set(tokenizer_dir):
+    """The config names the field; run.py's flag needs a copy gate; the pipeline counts the training tokens."""
+    from datasets import Dataset
+
+    from cdnpg.training import UsageError, parse_args
+    from cdnpg.training.model import build_model, common_tokens
+
+    with pytest.raises(ValueError, match="copy_excluded_token_ids is set but copy_mechanism is None"):
+        CDNPGConfig(copy_excluded_token_ids=[5])
+    with pytest.raises(
+        ValueError, match=r"copy_excluded_token_ids must be token ids in \[0, vocab_size=60\), got \[60\]"
+    ):
+        tiny_config(copy_mechanism="learned", copy_excluded_token_ids=[3, 60])
+    with pytest.raises(UsageError, match=r"--copy_common_tokens 100 .* needs --copy_mechanism"):
+        parse_args(["--copy_common_tokens", "100", "--output_dir", "unused"])
+    # 7: 4 times, 4: 3 times, 9: twice (-100 is padding, never counted)
+    features = Dataset.from_dict({"input_ids": [[7, 4, 7], [9, 4]], "labels": [[7, 4, -100], [7, 9]]})
+    assert common_tokens(features, 2) == [7, 4]
+    model_args = parse_args(["--copy_mechanism", "learned", "--copy_common_tokens", "3", "--output_dir", "unused"])[0]
+    model = build_model(model_args, load_tokenizer(tokenizer_dir), features)
+    assert model.config.copy_excluded_token_ids == [7, 4, 9]
+    assert model.copy_mechanism.excluded_token_ids == (7, 4, 9)
+
+
 def test_the_mixture_its_loss_and_their_gradients_equal_the_dense_formula_with_repeated_source_tokens():
     """The module changes only the source's tokens (each distinct one once); the dense formula builds the whole copy
     distribution: log((1 - ρ) softmax(logits) + ρ scatter_add(α)). Values and every gradient agree, also where the
@@ -144,9 +210,13 @@ def test_a_source_token_the_vocabulary_ranks_last_is_reachable_through_the_copy(
     assert logits.exp()[others].sum() < 1e-6
 
 
-@pytest.mark.parametrize("gate, mask", [("learned", "none"), ("learned", "product"), ("granularity", "resonance")])
-def test_cached_decoding_equals_uncached_decoding_with_copy(gate, mask):
-    model = tiny_model(granularity_mask=mask, copy_mechanism=gate)
+@pytest.mark.parametrize(
+    "gate, mask, excluded",
+    [("learned", "none", None), ("learned", "product", None), ("granularity", "resonance", None),
+     ("granularity", "resonance", list(range(0, 60, 2)))],  # half the vocabulary never copied
+)  # fmt: skip
+def test_cached_decoding_equals_uncached_decoding_with_copy(gate, mask, excluded):
+    model = tiny_model(granularity_mask=mask, copy_mechanism=gate, copy_excluded_token_ids=excluded)
     input_ids, attention_mask = batch()
     for settings in ({"num_beams": 1}, {"num_beams": 3, "num_return_sequences": 2}):
         runs = [
@@ -172,10 +242,11 @@ def test_decoding_from_encoder_states_without_the_source_ids_is_refused():
 
 
 @pytest.mark.parametrize("python", PYTHONS)
-@pytest.mark.parametrize("gate", GATES)
-def test_a_saved_copy_model_generates_the_same_ids_with_remote_code(python, gate, tmp_path, tokenizer_dir):
+@pytest.mark.parametrize("gate, excluded", [("learned", None), ("granularity", None), ("learned", "common")])
+def test_a_saved_copy_model_generates_the_same_ids_with_remote_code(python, gate, excluded, tmp_path, tokenizer_dir):
     tokenizer = load_tokenizer(tokenizer_dir)
-    model = tiny_model(**model_token_ids(tokenizer), copy_mechanism=gate)
+    excluded = tokenizer(["how can i get to ?"])["input_ids"][0] if excluded else None
+    model = tiny_model(**model_token_ids(tokenizer), copy_mechanism=gate, copy_excluded_token_ids=excluded)
     folder = save_checkpoint(model, tokenizer, tmp_path / "copy")
     sources = ["how can i get from paris to rome by train ?", "why is pinterest so popular ?"]
     inputs = tokenizer(sources, padding=True, return_tensors="pt")

@@ -198,9 +198,17 @@ def test_the_copy_gate_and_both_directions_reach_every_cdnpg_model_and_name_its_
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(json.dumps({"source": "how is the cat ?", "target": "is the cat ?"}) + "\n")
     files = dict.fromkeys(("train", "valid", "test"), pairs)
-    flags = ["--copy_mechanism", "learned", "--both_directions", "--init_from", str(bert), "--tokenizer", str(bert)]
-    args = quality.parse_args(flags)
-    assert quality.model_name("resonance", args) == "resonance+copy-learned+both"
+    flags = [
+        "--copy_mechanism",
+        "learned",
+        "--copy_common_tokens",
+        "30",
+        "--both_directions",
+        "--init_from",
+        str(bert),
+    ]
+    args = quality.parse_args([*flags, "--tokenizer", str(bert)])
+    assert quality.model_name("resonance", args) == "resonance+copy-learned-skip30+both"
     models = {
         "resonance+copy-learned+both": True,
         "warm-none+copy-learned+both": True,
@@ -209,8 +217,8 @@ def test_the_copy_gate_and_both_directions_reach_every_cdnpg_model_and_name_its_
     }
     for name, cdnpg in models.items():
         model_args, data_args, _ = training.parse_args(quality.run_argv(name, args, files, bert, 0, tmp_path / name))
-        assert (model_args.copy_mechanism, data_args.both_directions) == (
-            ("learned", True) if cdnpg else (None, False)
+        assert (model_args.copy_mechanism, model_args.copy_common_tokens, data_args.both_directions) == (
+            ("learned", 30, True) if cdnpg else (None, None, False)
         )
 
 

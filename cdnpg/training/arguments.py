@@ -127,6 +127,14 @@ class ModelArguments:
             "marks as detail; needs granularity heads); None: no copying (CDNPGConfig.copy_mechanism)."
         },
     )
+    copy_common_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Never copy the N most frequent tokens of the tokenized training pairs (the template's words "
+            "and the special tokens): they are generated, the pointer is left to the details "
+            "(CDNPGConfig.copy_excluded_token_ids). Needs --copy_mechanism; None: any source token is copied."
+        },
+    )
     tokenizer_name: str | None = field(
         default=None,
         metadata={"help": "A tokenizer folder or cached name (e.g. bert-base-uncased files); default: train one."},
@@ -143,6 +151,11 @@ class ModelArguments:
             raise UsageError(
                 f"{', '.join(given)} set the architecture of a new model, but --model_name_or_path "
                 f"{self.model_name_or_path} keeps its own: give one or the other"
+            )
+        if self.copy_common_tokens is not None and (self.copy_mechanism is None or self.copy_common_tokens < 1):
+            raise UsageError(
+                f"--copy_common_tokens {self.copy_common_tokens} limits what the copy mechanism points at: it needs "
+                f"--copy_mechanism (given: {self.copy_mechanism}) and a number of tokens >= 1"
             )
         sizes = [flag for flag in given if flag.removeprefix("--") not in WARM_START_FLAGS]
         if self.init_from and sizes:

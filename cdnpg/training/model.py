@@ -2,8 +2,10 @@
 training, the calibration of z that novelty decoding reads."""
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 
+import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -18,20 +20,35 @@ from modeling_cdnpg.generation_cdnpg import calibrate_granularity
 logger = logging.getLogger("cdnpg.training")
 
 
-def build_config(args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> CDNPGConfig:
-    """A new model's config: CDNPGConfig's defaults, the architecture flags given, and the tokenizer's vocabulary
-    size and special ids ([CLS] starts decoding)."""
-    return CDNPGConfig(**model_token_ids(tokenizer), **args.config_overrides())
+def build_config(args: ModelArguments, tokenizer: PreTrainedTokenizerBase, **fields: object) -> CDNPGConfig:
+    """A new model's config: CDNPGConfig's defaults, the architecture flags given, the tokenizer's vocabulary
+    size and special ids ([CLS] starts decoding), and any other `fields`."""
+    return CDNPGConfig(**model_token_ids(tokenizer), **args.config_overrides(), **fields)
 
 
-def build_model(args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> CDNPGForConditionalGeneration:
-    """The checkpoint to fine-tune, the pretrained one converted (warm start), or a new model."""
+def build_model(
+    args: ModelArguments, tokenizer: PreTrainedTokenizerBase, train_features: datasets.Dataset | None = None
+) -> CDNPGForConditionalGeneration:
+    """The checkpoint to fine-tune, the pretrained one converted (warm start), or a new model; a new or converted
+    model with `--copy_common_tokens` never copies the training features' most frequent tokens."""
     if args.model_name_or_path:
         return CDNPGForConditionalGeneration.from_pretrained(args.model_name_or_path)
+    overrides = {}
+    if args.copy_common_tokens:
+        if train_features is None:
+            raise ValueError("--copy_common_tokens counts the training pairs' tokens: this run has no training split")
+        overrides["copy_excluded_token_ids"] = common_tokens(train_features, args.copy_common_tokens)
     if args.init_from:
-        model, _ = convert(args.init_from, **args.config_overrides())
+        model, _ = convert(args.init_from, **args.config_overrides(), **overrides)
         return model.train()
-    return CDNPGForConditionalGeneration(build_config(args, tokenizer))
+    return CDNPGForConditionalGeneration(build_config(args, tokenizer, **overrides))
+
+
+def common_tokens(features: datasets.Dataset, size: int) -> list[int]:
+    """The `size` most frequent token ids of the tokenized sources and labels (the special tokens included), most
+    frequent first: what `copy_excluded_token_ids` keeps the pointer away from."""
+    counts = Counter(i for column in ("input_ids", "labels") for ids in features[column] for i in ids if i >= 0)
+    return [token for token, _ in counts.most_common(size)]
 
 
 def calibrate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> None:

@@ -62,7 +62,7 @@ def run(
     set_seed(training_args.seed)
 
     corpus, tokenizer, features = prepare_data(model_args, data_args, training_args)
-    model = build_model(model_args, tokenizer)
+    model = build_model(model_args, tokenizer, features.get("train"))
     logger.info("C-DNPG (%s): %s parameters", model.config.granularity_mask, f"{model.num_parameters():,}")
     callbacks = list(callbacks)
     if data_args.early_stopping_patience:
