@@ -22,17 +22,12 @@ QUORA = ROOT.parent / "shared" / "data" / "quora"  # train.jsonl (10,691 pairs),
 DECODING = {"num_beams": 8, "max_new_tokens": 20}  # the paper's, and training/run.py's defaults
 
 
-def read_pairs(path: Path | str, limit: int | None = None) -> datasets.Dataset:
-    """The pairs of a JSON-lines file, the first `limit` of them when given."""
+def read_pairs(path: Path | str, limit: int | None = None, half: str | None = None) -> datasets.Dataset:
+    """The pairs of a JSON-lines file, or of its first ("tune") or second ("report") half; the first `limit` of them
+    when given. The halves of the shared valid.jsonl are the benchmarks' tuning and test splits."""
     pairs = load_pair_files({"pairs": str(path)})[0]["pairs"]
-    return pairs.select(range(min(limit, len(pairs)))) if limit else pairs
-
-
-def valid_half(half: str, path: Path | str = QUORA / "valid.jsonl", limit: int | None = None) -> datasets.Dataset:
-    """The first ("tune") or the second ("report") half of a validation file, the first `limit` pairs of it."""
-    pairs = read_pairs(path)
-    middle = len(pairs) // 2
-    pairs = pairs.select(range(middle) if half == "tune" else range(middle, len(pairs)))
+    if half is not None:
+        pairs = pairs.shard(2, ("tune", "report").index(half), contiguous=True)
     return pairs.select(range(min(limit, len(pairs)))) if limit else pairs
 
 
@@ -47,14 +42,13 @@ def machine_info() -> dict:
             "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}  # fmt: skip
 
 
-def append_run(path: Path, run: dict) -> dict:
+def append_run(path: Path, run: dict) -> None:
     """Append one run (benchmark, model, seed, settings, metrics, ...) to a JSON-lines file, with the command that
     produced it and the machine: an interrupted benchmark keeps every run it finished."""
     run = {**run, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "machine": machine_info()}
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as out:
         out.write(json.dumps(run, default=str) + "\n")
-    return run
 
 
 def read_runs(paths: list[Path | str]) -> list[dict]:

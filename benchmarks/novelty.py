@@ -17,20 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from itertools import combinations
 from pathlib import Path
-from statistics import fmean
 
 import torch
 import transformers
-from common import DECODING, QUORA, append_run, check_setup, read_pairs, read_runs, valid_half
-from report import show
+from common import DECODING, QUORA, append_run, check_setup, read_pairs, read_runs
+from report import NOVELTY, show
 
 import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
 from cdnpg import training
 from cdnpg.data import load_tokenizer
-from cdnpg.granularity import word_granularities
-from cdnpg.training.paraphrase_metrics import BLEU4_WEIGHTS, bleu, common_words, ibleu, normalize, retention
+from cdnpg.granularity import high_z_words
+from cdnpg.training.paraphrase_metrics import candidate_scores, common_words, retention
 from modeling_cdnpg import CDNPGText2TextPipeline
 from modeling_cdnpg.generation_cdnpg import calibrate_granularity
 
@@ -41,7 +39,6 @@ KNOBS = (  # transformers' own knobs against copying: (family, generate() argume
     ("repetition", "encoder_repetition_penalty", (0.9, 0.7, 0.5)),
 )
 BATCH_SIZE, CHUNK = 64, 256  # sentences per generate() call; pairs per round of the interleaved timing
-METRIC_KEYS = ("bleu4", "ibleu", "self_bleu4", "copy_rate", "numbers_kept", "rare_kept")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,8 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--output_dir", default="runs/novelty", help="runs-<split>.jsonl goes here")
     parser.add_argument("--quick", action="store_true", help="a few pairs and settings: the smoke test")
-    parser.add_argument("--settings", nargs="+", metavar="NAME", help="decode only these (as the table names them)"
-                        " and beam search, the reference of the timings")  # fmt: skip
+    parser.add_argument(
+        "--settings", nargs="+", metavar="NAME", help="only these (the table's names), and beam search"
+    )
     args = parser.parse_args(argv)
     args.chunk = 6 if args.quick else CHUNK
     if args.quick:
@@ -115,35 +113,6 @@ def decode_interleaved(paraphraser, rows: dict, sources: list[str], args) -> tup
     return predictions, seconds
 
 
-def high_z_words(model, tokenizer, sources: list[str]) -> list[dict[str, set[str]]]:
-    """Per source, its distinct words that are details by z (calibrated layer, z >= 0.5): none without z."""
-    if model.config.granularity_mask == "none":
-        return [{"high_z": set()} for _ in sources]
-    layer, inverted = model.generation_config.novelty_z_layer, model.generation_config.novelty_z_inverted
-    rows = [word_granularities(model, tokenizer, source)[layer] for source in sources]
-    return [
-        {"high_z": {w.lower() for w, z in zip(row.words, row.z) if (1 - z if inverted else z) >= 0.5}} for row in rows
-    ]
-
-
-def candidate_stats(candidates: list[list[str]], pairs) -> dict[str, float]:
-    """How distinct, alike and copied the candidates are, and the true iBLEU of the first-ranked, mean and best."""
-    distinct, alike, copies, first, mean, best = [], [], [], [], [], []
-    for texts, source, reference in zip(candidates, pairs["source"], pairs["target"]):
-        tokens, source, reference = [normalize(text) for text in texts], normalize(source), normalize(reference)
-        distinct.append(len({tuple(t) for t in tokens}))
-        alike += [bleu(a, b, BLEU4_WEIGHTS) for a, b in combinations(tokens, 2)]
-        copies += [100.0 * (t == source) for t in tokens]
-        scores = [100 * ibleu(bleu(t, reference, BLEU4_WEIGHTS), bleu(t, source, BLEU4_WEIGHTS)) for t in tokens]
-        if scores:
-            first.append(scores[0])
-            mean.append(fmean(scores))
-            best.append(max(scores))
-    stats = {"distinct": distinct, "pairwise_bleu4": [100 * a for a in alike], "copies_percent": copies}
-    stats |= {"ibleu_first": first, "ibleu_mean": mean, "ibleu_best": best}
-    return {key: fmean(values) if values else float("nan") for key, values in stats.items()}
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     out_dir = Path(args.output_dir)
@@ -159,7 +128,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     elif model.config.granularity_mask != "none":
         calibration = calibrate_granularity(model, tokenizer, train["source"])
     common = common_words([*train["source"], *train["target"]])
-    pairs = valid_half(args.split, args.valid_file, args.max_pairs)
+    pairs = read_pairs(args.valid_file, args.max_pairs, half=args.split)
     paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
     metric = training.load_metric()
     rows = settings(model, args.quick, args.settings)
@@ -168,14 +137,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     setup = {"split": args.split, "pairs": len(pairs), "decoding": DECODING, "batch_size": BATCH_SIZE}
     check_setup(runs_path, setup)
     predictions, seconds = decode_interleaved(paraphraser, rows, list(pairs["source"]), args)
-    details = high_z_words(model, tokenizer, list(pairs["source"]))
+    details = [{"high_z": words} for words in high_z_words(model, tokenizer, pairs["source"])]
     rows |= {"human reference": ("anchor", None, None), "copy the source": ("anchor", None, None)}
     predictions |= {"human reference": pairs["target"], "copy the source": pairs["source"]}
     run = {"benchmark": "novelty", "model": str(args.checkpoint), "calibration": calibration, "settings": setup}
     for name, (family, value, kwargs) in rows.items():
         scores = metric.compute(predictions=predictions[name], references=pairs["target"], sources=pairs["source"],
                                 common=common)  # fmt: skip
-        metrics = {key: scores[key] for key in METRIC_KEYS}
+        metrics = {key: scores[key] for key in NOVELTY if key in scores}  # the table's columns
         metrics["high_z_kept"] = retention(details, predictions[name])["high_z"]
         if name in seconds:
             metrics["time_ratio"] = seconds[name] / seconds["beam search"]
@@ -184,7 +153,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     few = pairs.select(range(min(args.candidate_pairs, len(pairs))))
     for name, kwargs in (("beam search (5 best beams)", {}), ("novelty 0.5 (5 candidates)", {"novelty": 0.5})):
         if not kwargs or "novelty 0.5" in rows:
-            stats = candidate_stats(decode(paraphraser, list(few["source"]), 5, **kwargs), few)
+            candidates = decode(paraphraser, list(few["source"]), 5, **kwargs)
+            stats = candidate_scores(candidates, few["source"], few["target"])
             append_run(runs_path, {**run, "setting": name, "family": "candidates", "value": None, "metrics": stats})
     samples = {name: list(predictions[name][:20]) for name in rows}
     (out_dir / f"samples-{args.split}.json").write_text(json.dumps(samples, indent=1) + "\n", encoding="utf-8")

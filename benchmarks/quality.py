@@ -9,7 +9,7 @@
 Every model is trained, selected by validation loss, decoded and scored by `training/run.py`'s pipeline with one
 recipe, data and tokenizer (C-DNPG in a run.py subprocess; BART and bert2bert in this process, only the model
 differs) and appends one JSON line to `OUTPUT_DIR/runs.jsonl`; report.py prints the table. docs/benchmarks.md has the
-protocol: the data and its splits (`common.valid_half`), the anchors, the warm starts.
+protocol: the data and its splits (`common.read_pairs`), the anchors, the warm starts.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import datasets
 import torch
 import transformers
-from common import QUORA, ROOT, append_run, check_setup, read_pairs, read_runs, valid_half
+from common import QUORA, ROOT, append_run, check_setup, read_pairs, read_runs
 from report import show
 
 from cdnpg import training
@@ -44,6 +44,7 @@ QUICK = dict(
     d_model=32, layers=2, attention_heads=4, ffn_dim=64, vocab_size=600, max_steps=12, warmup_steps=2,
     learning_rate=1e-3, batch_size=16, eval_batch_size=32, max_test_samples=12, evaluations=2, threads=1,
 )  # fmt: skip
+CDNPG_FLAGS = ("copy_mechanism", "copy_common_tokens", "both_directions")  # run.py's, of the C-DNPG models alone
 RUN_FLAGS = {  # benchmark flag -> training/run.py flag, passed on when given
     **{name: name for name in (*SIZE_FLAGS, "dropout", "max_steps", "learning_rate", "warmup_steps")},
     "batch_size": "per_device_train_batch_size",
@@ -106,7 +107,7 @@ def prepare_files(args: argparse.Namespace, data_dir: Path) -> dict[str, Path]:
     for split, half in (("valid", "tune"), ("test", "report")):
         if files[split] is None and (QUORA / "valid.jsonl").is_file():  # a half of the shared valid.jsonl
             files[split] = data_dir / f"{split}.jsonl"
-            files[split].write_text("".join(json.dumps(row) + "\n" for row in valid_half(half)), encoding="utf-8")
+            read_pairs(QUORA / "valid.jsonl", half=half).to_json(files[split])
     missing = [f"{split} file {path}" for split, path in files.items() if not (path and Path(path).is_file())]
     if missing:
         raise SystemExit(f"{', '.join(missing)} not found: pass --train_file/--valid_file/--test_file")
@@ -159,9 +160,7 @@ def run_argv(name: str, args: argparse.Namespace, files: dict, tokenizer: Path, 
         argv += ["--tokenizer_name", str(tokenizer)]
     argv += [item for key, value in given.items() for item in (f"--{RUN_FLAGS[key]}", str(value))]
     if name not in (BART, BERT2BERT):
-        argv += ["--copy_mechanism", args.copy_mechanism] if args.copy_mechanism else []
-        argv += ["--copy_common_tokens", str(args.copy_common_tokens)] if args.copy_common_tokens else []
-        argv += ["--both_directions", "true"] if args.both_directions else []
+        argv += [item for key in CDNPG_FLAGS if getattr(args, key) for item in (f"--{key}", str(getattr(args, key)))]
     return argv
 
 
@@ -228,7 +227,7 @@ def recipe(args: argparse.Namespace, files: dict, tokenizer: Path, data: dict) -
         "vocab_size": len(load_tokenizer(tokenizer)), "batch_size": training_args.per_device_train_batch_size,
         "num_beams": training_args.generation_num_beams, "max_new_tokens": data_args.max_target_length,
         **{key: getattr(args, key) for key in (*RECIPE, "warm_granularity_learning_rate", "init_from", "bf16")},
-        **{key: getattr(args, key) for key in ("copy_mechanism", "copy_common_tokens", "both_directions") if getattr(args, key)},
+        **{key: getattr(args, key) for key in CDNPG_FLAGS if getattr(args, key)},
     }  # fmt: skip
     if not args.variants and args.no_bart:
         return {key: value for key, value in settings.items() if key not in (*SIZE_FLAGS, "learning_rate")}

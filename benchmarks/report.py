@@ -39,23 +39,17 @@ ROW_NAMES = {
     **{f"warm-{mask}": f"warm start, {mask}" for mask in ("none", "resonance", "scope", "product", "mean")},
 }  # fmt: skip
 FAMILIES = {  # novelty.py's families of settings: the label and style of their curves
-    "beam": ("beam search", "k*"),
-    "copy_rule": ("the copy rule alone (novelty 0.001)", "P"),
-    "z": ("novelty, z (this work)", "o-"),
-    "uniform": ("novelty, uniform weight", "s--"),
-    "mirrored": ("novelty, z the wrong way round", "v:"),
-    "keep": ("novelty 0.5 + keep_details, z (this work)", "o-"),
-    "keep_uniform": ("novelty 0.5 + keep_details, uniform weight", "s--"),
-    "keep_alone": ("keep_details alone, z", "D"),
-    "no_repeat": ("encoder_no_repeat_ngram_size", "^-."),
-    "repetition": ("encoder_repetition_penalty", "d-."),
-}
+    "beam": ("beam search", "k*"), "copy_rule": ("the copy rule alone (novelty 0.001)", "P"),
+    "z": ("novelty, z (this work)", "o-"), "uniform": ("novelty, uniform weight", "s--"),
+    "mirrored": ("novelty, z the wrong way round", "v:"), "keep": ("novelty 0.5 + keep_details, z (this work)", "o-"),
+    "keep_uniform": ("novelty 0.5 + keep_details, uniform weight", "s--"), "keep_alone": ("keep_details alone, z", "D"),
+    "no_repeat": ("encoder_no_repeat_ngram_size", "^-."), "repetition": ("encoder_repetition_penalty", "d-."),
+}  # fmt: skip
 
 
 def values(runs: list[dict], key: str) -> list[float]:
     """`key` of every run that has it, among its metrics or else at its top level (s_per_step, ...)."""
-    found = [run.get("metrics", {}).get(key, run.get(key)) for run in runs]
-    return [value for value in found if value is not None]
+    return [value for run in runs if (value := run.get("metrics", {}).get(key, run.get(key))) is not None]
 
 
 def mean(runs: list[dict], key: str) -> float:

@@ -3,12 +3,11 @@
 
     python benchmarks/speed.py --seq-lens 20 64 256 --out speed.json   # the paper's model (docs/speed.md)
     python benchmarks/speed.py --quick --out /tmp/quick.json             # tiny model, about a minute (smoke test)
-    python benchmarks/speed.py --device cuda --dtype bf16 --out gpu.json
     python benchmarks/speed.py --seq-lens 20 --parts train --profile prof  # where the time goes: torch.profiler
 
 `comparisons` lists the ratios and TARGETS their bounds. The models of a part take turns in rotated order, each call
 a `torch.utils.benchmark.Timer` measurement (CPU: process time, one thread); a ratio is the median of the per-round
-ratios. The protocol and its reading: docs/speed.md; the table and figure of result files: benchmarks/report.py.
+ratios. Protocol, reading and GPU command: docs/speed.md; tables and figures of result files: benchmarks/report.py.
 """
 
 from __future__ import annotations
@@ -41,18 +40,13 @@ COPY = "copy-"  # runner prefix: "copy-learned:resonance" is resonance with the 
 QUICK_MODEL = {"vocab_size": 512, "max_position_embeddings": 64, **architecture_fields(d_model=32, layers=2)}
 QUICK_MODEL.update(architecture_fields(attention_heads=4, ffn_dim=64))
 MINILM_MODEL = {  # what `cdnpg convert` makes of all-MiniLM-L6-v2 (random weights: only the size matters here)
-    **architecture_fields(d_model=384, layers=6, attention_heads=12, ffn_dim=1536),
-    "activation_function": "gelu",
-    "layernorm_embedding": True,
-    "layer_norm_eps": 1e-12,
-}
+    **architecture_fields(d_model=384, layers=6, attention_heads=12, ffn_dim=1536), "activation_function": "gelu",
+    "layernorm_embedding": True, "layer_norm_eps": 1e-12,
+}  # fmt: skip
 TARGETS = {  # name -> (comparison, bound); the paper reports 1.25 for GA / none with its implementation
-    "train_ga_vs_none": ("<=", 1.10),
-    "train_none_vs_bart": ("<=", 1.05),
-    "gen_cache_speedup": (">=", 3.0),
-    "train_warm_vs_bart": ("<=", 1.15),
-    "train_copy_vs_plain": ("<=", 1.10),  # issue 29: a copy mechanism may cost a tenth of a training step
-}
+    "train_ga_vs_none": ("<=", 1.10), "train_none_vs_bart": ("<=", 1.05), "gen_cache_speedup": (">=", 3.0),
+    "train_warm_vs_bart": ("<=", 1.15), "train_copy_vs_plain": ("<=", 1.10),  # issue 29: copying may cost a tenth
+}  # fmt: skip
 BATCH, GEN_BATCH = 32, 4  # training batch (the paper's) and beam-search sources; 4 and 2 with --quick
 CPU_TRAIN_TOKENS = 1024  # batch x L cap of a training step on CPU: batch 32 at L 20, 16 at 64, 4 at 256
 CPU_GEN_TOKENS = 80  # sources x max(L, new tokens) cap of a beam search on CPU: 4 sources at 20, 1 from 64 on
@@ -162,14 +156,14 @@ def workload(runner: str, model, part: str, batch: int, length: int, new_tokens:
     return beam_search
 
 
-def shapes(args, length: int) -> tuple[int, int, int]:
-    """(training and forward batch, beam-search sources, new tokens) at this length, with the CPU caps."""
-    batch, gen_batch = (4, 2) if args.quick else (BATCH, GEN_BATCH)
+def shapes(args, length: int, part: str) -> tuple[int, int]:
+    """(batch, new tokens) of a part at this length: the training and forward batch, or the beam-search sources."""
+    batch = ((2, GEN_BATCH) if part == "generate" else (4, BATCH))[not args.quick]  # (--quick, full)
     if args.device.type == "cuda":
-        return batch, gen_batch, length
-    new_tokens = min(length, CPU_NEW_TOKENS)
-    train_batch = max(1, min(batch, CPU_TRAIN_TOKENS // length))
-    return train_batch, max(1, min(gen_batch, CPU_GEN_TOKENS // max(length, new_tokens))), new_tokens
+        return batch, length
+    new_tokens = min(length, CPU_NEW_TOKENS)  # the CPU caps
+    cap = CPU_GEN_TOKENS // max(length, new_tokens) if part == "generate" else CPU_TRAIN_TOKENS // length
+    return max(1, min(batch, cap)), new_tokens
 
 
 def peak_memory(fn, device) -> int | None:
@@ -191,8 +185,7 @@ def measure(args, model_kw: dict, length: int, part: str, plan: list[tuple], res
     if not plan:
         return
     runners = list(dict.fromkeys(runner for c in plan for runner in c[2:4]))
-    batch, gen_batch, new_tokens = shapes(args, length)
-    batch = gen_batch if part == "generate" else batch
+    batch, new_tokens = shapes(args, length, part)
     models = {}  # one model per (mask, attention): cached and uncached beam search share it
     calls = {}
     for runner in runners:
@@ -202,6 +195,7 @@ def measure(args, model_kw: dict, length: int, part: str, plan: list[tuple], res
                 label_modules(models[name])
         calls[runner] = workload(runner, models[name], part, batch, length, new_tokens, args)
     if args.profile:  # instead of the timing: one profiled call of each runner, after a warm-up call
+        args.profile.mkdir(parents=True, exist_ok=True)
         for runner, call in calls.items():
             call()
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
@@ -282,8 +276,6 @@ def main(argv=None) -> dict:
     if args.device.type == "cpu":
         torch.set_num_threads(1)  # a thread waiting for a descheduled sibling would inflate small ops many times
     model_kw = QUICK_MODEL if args.quick else {}
-    if args.profile:
-        args.profile.mkdir(parents=True, exist_ok=True)
     plan = comparisons(args)
     command = " ".join(["speed.py", *(sys.argv[1:] if argv is None else argv)])
     results = {"benchmark": "speed", "command": command, "options": vars(args), "machine": machine_info(),

@@ -215,3 +215,16 @@ def granularity_spread(
     parts = {"encoder": (out.encoder_granularities, batch["attention_mask"].bool()),
              "decoder": (out.decoder_granularities, target), "cross": (out.cross_granularities, target)}  # fmt: skip
     return {part: [round(z[mask].std().item(), 4) for z in layers or ()] for part, (layers, mask) in parts.items()}
+
+
+def high_z_words(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sources: Sequence[str], threshold: float = 0.5
+) -> list[set[str]]:
+    """Per source, its distinct words (lowercased) that z marks as details: z >= `threshold` in the encoder layer
+    novelty decoding reads, oriented as calibrated (`novelty_z_layer`, `novelty_z_inverted` of the generation
+    config). What keep_details rewards; empty sets for a model without z."""
+    if model.config.granularity_mask == "none":
+        return [set() for _ in sources]
+    layer, inverted = model.generation_config.novelty_z_layer, model.generation_config.novelty_z_inverted
+    rows = [word_granularities(model, tokenizer, source)[layer] for source in sources]
+    return [{w.lower() for w, z in zip(row.words, row.z) if (1 - z if inverted else z) >= threshold} for row in rows]

@@ -107,6 +107,27 @@ def test_copy_rate_is_the_share_of_predictions_equal_to_their_source_after_norma
     assert scores["copy_rate"] == pytest.approx(50.0)  # the first (same tokens, other spelling) and the third
 
 
+def test_candidate_scores_pool_copies_and_pairs_over_candidates_and_average_the_rest_over_sources(pm) -> None:
+    """Source 1 has 3 candidates (its copy, its reference twice), source 2 one disjoint candidate: distinct 2 and 1,
+    1 copy of 4 candidates, 3 pairs (copy/reference twice, reference/reference once), iBLEU of the first (the copy),
+    mean and best per source, then averaged over the two."""
+    source, reference = "how do i learn french fast ?", "how can i learn french quickly ?"
+    scores = pm.candidate_scores(
+        [["How do I learn French fast?", reference, reference], ["cats sleep"]],
+        [source, "why is the sky blue ?"],
+        [reference, "what makes the sky blue ?"],
+    )
+    s, r = pm.normalize(source), pm.normalize(reference)
+    copy_vs_ref = 100 * pm.bleu(s, r, pm.BLEU4_WEIGHTS)
+    assert scores["distinct"] == 1.5 and scores["copies_percent"] == 25.0
+    assert scores["pairwise_bleu4"] == pytest.approx((2 * copy_vs_ref + IDENTICAL_BLEU4) / 3)
+    of_copy = 0.8 * copy_vs_ref - 0.2 * IDENTICAL_BLEU4
+    of_reference = 0.8 * IDENTICAL_BLEU4 - 0.2 * copy_vs_ref
+    assert scores["ibleu_first"] == pytest.approx(of_copy / 2)  # the disjoint candidate scores 0
+    assert scores["ibleu_mean"] == pytest.approx((of_copy + 2 * of_reference) / 3 / 2)
+    assert scores["ibleu_best"] == pytest.approx(of_reference / 2)
+
+
 def test_disjoint_sentences_score_zero(metric) -> None:
     scores = metric.compute(
         predictions=["apples are red"], references=["the sky looks blue today"], sources=["cats sleep"]

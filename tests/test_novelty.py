@@ -497,6 +497,24 @@ def test_checkpoint_carries_the_generation_code_and_its_calibration(checkpoint):
     assert isinstance(generation["novelty_z_layer"], int) and isinstance(generation["novelty_z_inverted"], bool)
 
 
+def test_high_z_words_follow_the_calibrated_layer_and_orientation(checkpoint):
+    """The words whose z in the calibrated layer passes the threshold; inverted, those whose 1 - z does: at 0.5 the
+    two orientations split a sentence of distinct words in two; the lowest z keeps every word, above the highest none."""
+    from cdnpg.granularity import high_z_words, word_granularities
+
+    model = CDNPGForConditionalGeneration.from_pretrained(checkpoint).eval()
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    row = word_granularities(model, tokenizer, SENTENCE)[model.generation_config.novelty_z_layer]
+    z = dict(zip(row.words, row.z))
+    oriented = [1 - v if model.generation_config.novelty_z_inverted else v for v in z.values()]
+    assert high_z_words(model, tokenizer, [SENTENCE], threshold=min(oriented))[0] == set(z)
+    assert high_z_words(model, tokenizer, [SENTENCE], threshold=max(oriented) + 1e-6)[0] == set()
+    as_calibrated = high_z_words(model, tokenizer, [SENTENCE])[0]
+    model.generation_config.novelty_z_inverted = not model.generation_config.novelty_z_inverted
+    other_way = high_z_words(model, tokenizer, [SENTENCE])[0]
+    assert as_calibrated | other_way == set(z) and not as_calibrated & other_way, (z, as_calibrated)
+
+
 def test_pipeline_returns_ranked_candidates_with_their_scores(checkpoint):
     model = CDNPGForConditionalGeneration.from_pretrained(checkpoint)
     paraphraser = CDNPGText2TextPipeline(

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from itertools import combinations
 
 import datasets
 import evaluate
@@ -187,6 +188,26 @@ def retention(details: list[dict[str, set[str]]], outputs: list[str]) -> dict[st
             kept[kind] += len(wanted & present)
             total[kind] += len(wanted)
     return {kind: 100 * kept[kind] / total[kind] if total[kind] else float("nan") for kind in total}
+
+
+def candidate_scores(candidates: list[list[str]], sources: list[str], references: list[str]) -> dict[str, float]:
+    """What several candidates per source (`num_return_sequences`) give, averaged over the sources: how many are
+    distinct, how alike they are (pairwise BLEU-4), how many copy the source, and the true iBLEU of the first-ranked
+    candidate, of the mean one and of the best one."""
+    distinct, alike, copies, first, mean, best = [], [], [], [], [], []
+    for texts, source, reference in zip(candidates, sources, references, strict=True):
+        tokens, source, reference = [normalize(text) for text in texts], normalize(source), normalize(reference)
+        distinct.append(len({tuple(t) for t in tokens}))
+        alike += [100 * bleu(a, b, BLEU4_WEIGHTS) for a, b in combinations(tokens, 2)]
+        copies += [100.0 * (t == source) for t in tokens]
+        scores = [100 * ibleu(bleu(t, reference, BLEU4_WEIGHTS), bleu(t, source, BLEU4_WEIGHTS)) for t in tokens]
+        if scores:
+            first.append(scores[0])
+            mean.append(sum(scores) / len(scores))
+            best.append(max(scores))
+    stats = {"distinct": distinct, "pairwise_bleu4": alike, "copies_percent": copies, "ibleu_first": first}
+    stats |= {"ibleu_mean": mean, "ibleu_best": best}
+    return {key: sum(values) / len(values) if values else float("nan") for key, values in stats.items()}
 
 
 def lcs_length(first: list[str], second: list[str]) -> int:
