@@ -46,14 +46,21 @@ def test_the_mixture_is_a_distribution_over_the_vocabulary(gate, mask, implement
     torch.testing.assert_close(logits.exp().sum(-1), torch.ones(logits.shape[:2]), atol=1e-5, rtol=0)
 
 
-def test_copy_probabilities_by_hand_repeated_source_tokens_add_up():
-    """Zero attention projections: α is uniform over the real source tokens; token 5 occurs twice of three."""
-    config = tiny_config(copy_mechanism="learned")
+def uniform_copy(config: CDNPGConfig, gate_logit: float) -> CopyMechanism:
+    """A learned-gate copy module with zero projections (α uniform over the copyable source tokens) and ρ pinned to
+    σ(gate_logit)."""
     copy = CopyMechanism(config)
     with torch.no_grad():
         for parameter in copy.parameters():
             parameter.zero_()
-        copy.gate_proj.bias.fill_(0.4)
+        copy.gate_proj.bias.fill_(gate_logit)
+    return copy
+
+
+def test_copy_probabilities_by_hand_repeated_source_tokens_add_up():
+    """Zero attention projections: α is uniform over the real source tokens; token 5 occurs twice of three."""
+    config = tiny_config(copy_mechanism="learned")
+    copy = uniform_copy(config, gate_logit=0.4)
     logits = torch.randn(1, 2, config.vocab_size)
     source_ids = torch.tensor([[5, 7, 5, PAD]])
     mixed, _ = copy(logits, torch.randn(1, 2, 32), torch.randn(1, 4, 32), source_ids, torch.tensor([[1, 1, 1, 0]]))
@@ -69,11 +76,7 @@ def test_excluded_tokens_get_no_copy_probability_and_a_source_of_them_only_is_ge
     5 keeps (1 - ρ) P_gen alone; row 1 holds excluded tokens only, so ρ = 0 and P = P_gen. The loss read at the
     labels is the NLL of that distribution."""
     config = tiny_config(copy_mechanism="learned", copy_excluded_token_ids=[5, 8])
-    copy = CopyMechanism(config)
-    with torch.no_grad():
-        for parameter in copy.parameters():
-            parameter.zero_()
-        copy.gate_proj.bias.fill_(0.4)
+    copy = uniform_copy(config, gate_logit=0.4)
     logits = torch.randn(2, 2, config.vocab_size)
     source_ids, mask = torch.tensor([[5, 7, 5, 9], [8, 5, 8, PAD]]), torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
     labels = torch.tensor([[5, 7], [8, 3]])
