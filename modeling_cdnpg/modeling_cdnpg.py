@@ -1049,9 +1049,10 @@ class CopyMechanism(nn.Module):
         else:  # GA: ρ_t = z_t
             z_target = z_target.float()
             log_rho, log_not_rho = z_target.clamp(min=MASK_FLOOR).log(), (1 - z_target).clamp(min=MASK_FLOOR).log()
-        nothing = ~copyable.any(-1)[:, None]  # (b, 1): every source token excluded, so all is generated
-        log_rho = log_rho.masked_fill(nothing, torch.finfo(log_rho.dtype).min)
-        log_not_rho = log_not_rho.masked_fill(nothing, 0.0)
+        if self.excluded_token_ids:  # a source of excluded tokens only: ρ = 0, all is generated
+            nothing = ~copyable.any(-1)[:, None]  # (b, 1)
+            log_rho = log_rho.masked_fill(nothing, torch.finfo(log_rho.dtype).min)
+            log_not_rho = log_not_rho.masked_fill(nothing, 0.0)
         log_p = logits.float().log_softmax(-1)  # log P_gen
 
         def mixed(generated: torch.Tensor, copied: torch.Tensor) -> torch.Tensor:
