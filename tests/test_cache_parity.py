@@ -45,7 +45,7 @@ def load(folder):
 def generate(model, inputs, seed=0, **kwargs):
     torch.manual_seed(seed)  # sampling draws the same numbers with and without the cache
     with torch.no_grad():
-        return model.generate(**inputs, return_dict_in_generate=True, output_scores=True, **kwargs)
+        return model.generate(**inputs, return_dict_in_generate=True, output_scores=True, output_logits=True, **kwargs)
 
 
 def newest_token_only_greedy(model, inputs, steps: int) -> torch.Tensor:
@@ -81,7 +81,9 @@ def test_cached_decoding_equals_uncached_decoding(paraphrasers, kind, implementa
     cached = generate(model, inputs, use_cache=True, **MODES[mode])
     uncached = generate(model, inputs, use_cache=False, **MODES[mode])
     assert torch.equal(cached.sequences, uncached.sequences)
-    torch.testing.assert_close(torch.stack(cached.scores), torch.stack(uncached.scores), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(uncached.logits), atol=1e-4, rtol=1e-4)
+    if mode != "sampling":  # top-k's cut may fall either side of a near-tie at the 20th place (CI saw one at 1e-5)
+        torch.testing.assert_close(torch.stack(cached.scores), torch.stack(uncached.scores), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow
