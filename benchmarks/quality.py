@@ -44,7 +44,12 @@ QUICK = dict(
     d_model=32, layers=2, attention_heads=4, ffn_dim=64, vocab_size=600, max_steps=12, warmup_steps=2,
     learning_rate=1e-3, batch_size=16, eval_batch_size=32, max_test_samples=12, evaluations=2, threads=1,
 )  # fmt: skip
-CDNPG_FLAGS = ("copy_mechanism", "copy_common_tokens", "both_directions")  # run.py's, of the C-DNPG models alone
+CDNPG_FLAGS = (
+    "copy_mechanism",
+    "copy_common_tokens",
+    "drop_near_copies",
+    "both_directions",
+)  # run.py's, of the C-DNPG models alone
 RUN_FLAGS = {  # benchmark flag -> training/run.py flag, passed on when given
     **{name: name for name in (*SIZE_FLAGS, "dropout", "max_steps", "learning_rate", "warmup_steps")},
     "batch_size": "per_device_train_batch_size",
@@ -70,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warm_granularity_learning_rate", type=float, help="of their granularity heads (run.py's flag)")
     add("--copy_mechanism", choices=COPY_MECHANISMS[1:], help="of every C-DNPG model (named in the model's row)")
     add("--copy_common_tokens", type=int, metavar="N", help="never copy the N most frequent tokens (run.py's)")
+    add("--drop_near_copies", type=float, metavar="BLEU", help="C-DNPG models leave out near-copy pairs (run.py's)")
     add("--both_directions", action="store_true", help="C-DNPG models also learn each pair reversed (run.py's)")
     add("--extra_test", action="append", default=[], metavar="NAME=FILE", help="another test set (repeatable)")
     add("--seeds", type=int, nargs="+", default=[0], help="one run per seed; mean ± std when several")
@@ -127,10 +133,11 @@ def prepare_tokenizer(args: argparse.Namespace, train_file: Path, out_dir: Path)
 
 
 def model_name(mask: str, args: argparse.Namespace) -> str:
-    """A C-DNPG model's row: its mask, and its copy gate and data when given ("warm-resonance+copy-learned+both")."""
+    """A C-DNPG model's row: its mask, and its copy gate and data when given ("warm-resonance+copy-learned+drop50+both")."""
     copy = f"+copy-{args.copy_mechanism}" if args.copy_mechanism else ""
     copy += f"-skip{args.copy_common_tokens}" if args.copy_common_tokens else ""
-    return mask + copy + ("+both" if args.both_directions else "")
+    drop = f"+drop{args.drop_near_copies:g}" if args.drop_near_copies else ""
+    return mask + copy + drop + ("+both" if args.both_directions else "")
 
 
 def run_argv(name: str, args: argparse.Namespace, files: dict, tokenizer: Path, seed: int, out: Path) -> list[str]:

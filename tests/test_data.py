@@ -548,6 +548,69 @@ def test_both_directions_adds_each_pair_reversed_once():
     ]  # fmt: skip
 
 
+def test_near_copy_bleu_is_sacrebleus_sentence_bleu_of_target_against_source():
+    """100 for a copy (case aside), 0 for no shared word, and by hand in between: 5 of 7 unigrams, 2 of 6 bigrams,
+    1 of 5 trigrams and no 4-gram of 4 shared, which sacreBLEU's exp smoothing counts as 1 / (2 * 4), and no brevity
+    penalty: (5/7 * 2/6 * 1/5 * 1/8) ** (1/4) = 27.78."""
+    import sacrebleu
+    from datasets import Dataset
+
+    from cdnpg.data import near_copy_bleu
+
+    pairs = Dataset.from_dict(
+        {
+            "source": ["how do i learn python ?", "why is the sky blue ?", "how do i learn python fast ?"],
+            "target": ["How do I learn Python ?", "what makes water wet", "how do i study python quickly ?"],
+        }
+    )
+    scores = near_copy_bleu(pairs)
+    assert scores[:2] == [pytest.approx(100.0), 0.0]
+    stats = sacrebleu.BLEU(lowercase=True, effective_order=True).sentence_score(
+        pairs["target"][2], [pairs["source"][2]]
+    )
+    assert scores[2] == pytest.approx(stats.score) and scores[2] == pytest.approx(
+        100 * (5 / 7 * 2 / 6 * 1 / 5 * 1 / 8) ** 0.25
+    )
+
+
+def test_drop_near_copies_keeps_the_pairs_below_the_bleu_and_refuses_a_bleu_outside_0_100():
+    from datasets import Dataset
+
+    from cdnpg.data import drop_near_copies, near_copy_bleu
+
+    pairs = Dataset.from_dict(
+        {
+            "source": ["how do i learn python ?", "why is the sky blue ?", "how do i learn python fast ?"],
+            "target": ["how do i learn python ?", "what makes water wet", "how do i study python quickly ?"],
+        }
+    )
+    middle = near_copy_bleu(pairs)[2]
+    assert drop_near_copies(pairs, 100)["target"] == pairs["target"][1:]  # only the copy reaches 100
+    assert drop_near_copies(pairs, middle)["target"] == ["what makes water wet"]  # at the BLEU is dropped
+    assert drop_near_copies(pairs, middle + 0.01)["target"] == pairs["target"][1:]
+    for wrong in (0, -5, 100.5):
+        with pytest.raises(ValueError, match=rf"max_bleu must be in \(0, 100\], got {wrong}"):
+            drop_near_copies(pairs, wrong)
+
+
+def test_the_drop_near_copies_flag_filters_the_training_split_only_before_both_directions(tmp_path):
+    from cdnpg.training import UsageError, load_pairs, parse_args
+
+    train, other = tmp_path / "train.jsonl", tmp_path / "other.jsonl"
+    rows = [("how do i learn python ?", "how do i learn python ?"), ("why is the sky blue ?", "what makes it blue")]
+    train.write_text("".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in rows))
+    other.write_text(train.read_text())
+    flags = ["--output_dir", "unused", "--do_train", "--train_file", str(train), "--validation_file", str(other)]
+    corpus = load_pairs(parse_args([*flags, "--drop_near_copies", "90", "--both_directions", "True"])[1])
+    assert list(zip(corpus["train"]["source"], corpus["train"]["target"])) == [rows[1], rows[1][::-1]]
+    assert len(corpus["validation"]) == 2  # evaluation data is never filtered
+    with pytest.raises(UsageError, match=r"--drop_near_copies 5\.0 leaves no training pair"):
+        load_pairs(parse_args([*flags, "--drop_near_copies", "5"])[1])
+    for wrong in ("0", "101"):
+        with pytest.raises(UsageError, match=rf"--drop_near_copies takes a BLEU in \(0, 100\], got {float(wrong)}"):
+            parse_args([*flags, "--drop_near_copies", wrong])
+
+
 def test_the_both_directions_flag_doubles_the_training_split_only():
     from cdnpg.training import load_pairs, parse_args
 

@@ -187,8 +187,8 @@ def test_bf16_reaches_every_models_trainer_and_a_cpu_is_named_for_it(tmp_path):
             assert (training_args.bf16, training_args.use_cpu) == (bf16, cpu), (name, flags)
 
 
-def test_the_copy_gate_and_both_directions_reach_every_cdnpg_model_and_name_its_row(tmp_path):
-    """--copy_mechanism and --both_directions are run.py's flags of each C-DNPG model (from scratch and warm-started),
+def test_the_copy_gate_and_the_data_options_reach_every_cdnpg_model_and_name_its_row(tmp_path):
+    """--copy_mechanism, --drop_near_copies and --both_directions are run.py's flags of each C-DNPG model (from scratch and warm-started),
     never of BART or bert2bert, and the row names them: runs with and without copy are not averaged together."""
     from cdnpg import training
     from tests.test_convert import save_with_tokenizer, tiny_bert
@@ -203,22 +203,25 @@ def test_the_copy_gate_and_both_directions_reach_every_cdnpg_model_and_name_its_
         "learned",
         "--copy_common_tokens",
         "30",
+        "--drop_near_copies",
+        "50",
         "--both_directions",
         "--init_from",
         str(bert),
     ]
     args = quality.parse_args([*flags, "--tokenizer", str(bert)])
-    assert quality.model_name("resonance", args) == "resonance+copy-learned-skip30+both"
+    assert quality.model_name("resonance", args) == "resonance+copy-learned-skip30+drop50+both"
     models = {
-        "resonance+copy-learned+both": True,
-        "warm-none+copy-learned+both": True,
+        "resonance+copy-learned+drop50+both": True,
+        "warm-none+copy-learned+drop50+both": True,
         "bart": False,
         "bert2bert": False,
     }
     for name, cdnpg in models.items():
         model_args, data_args, _ = training.parse_args(quality.run_argv(name, args, files, bert, 0, tmp_path / name))
-        assert (model_args.copy_mechanism, model_args.copy_common_tokens, data_args.both_directions) == (
-            ("learned", 30, True) if cdnpg else (None, None, False)
+        given = (model_args.copy_mechanism, model_args.copy_common_tokens, data_args.drop_near_copies)
+        assert (*given, data_args.both_directions) == (
+            ("learned", 30, 50.0, True) if cdnpg else (None, None, None, False)
         )
 
 

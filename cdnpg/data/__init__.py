@@ -6,6 +6,7 @@ and evaluated on Quora Question Pairs and the Twitter URL corpus, lowercased and
 
 * ``template``: :func:`template_corpus`, a small corpus written for this project, so that training runs offline;
 * ``pairs``: :func:`load_pair_files`, local JSONL / CSV / TSV pair files, with malformed lines counted and reported;
+  :func:`both_directions` and :func:`drop_near_copies`, what the training split may be turned into;
 * ``corpora``: :func:`prepare_quora` and :func:`prepare_twitter_url`, the paper's corpora rebuilt from their raw
   downloads, and :func:`normalize_text`, the paper's text format;
 * ``tokenizer``: :func:`train_wordpiece_tokenizer`, :func:`save_tokenizer`, :func:`load_tokenizer`,
@@ -17,7 +18,7 @@ run: they are counted, logged with their line numbers, and returned in the repor
 """
 
 from .corpora import UnknownWordMapper, normalize_text, prepare_quora, prepare_twitter_url
-from .pairs import both_directions, load_pair_files, write_pair_files
+from .pairs import both_directions, drop_near_copies, load_pair_files, near_copy_bleu, write_pair_files
 from .records import DataFileError, FileReport, MissingColumnError, PairDataReport
 from .template import SLOT_FILLERS, TEMPLATE_FAMILIES, SlotPool, template_corpus, template_slots, write_template_corpus
 from .tokenizer import (
@@ -44,10 +45,12 @@ __all__ = [
     "SlotPool",
     "UnknownWordMapper",
     "both_directions",
+    "drop_near_copies",
     "load_pair_files",
     "load_tokenizer",
     "make_tokenizer_config_portable",
     "model_token_ids",
+    "near_copy_bleu",
     "normalize_text",
     "prepare_quora",
     "prepare_twitter_url",

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import sacrebleu
 from datasets import Dataset, DatasetDict, Features, List, Value, concatenate_datasets, load_dataset
 
 from .records import (
@@ -181,6 +182,24 @@ def both_directions(pairs: Dataset) -> Dataset:
         batched=True,
     )
     return concatenate_datasets([pairs, reverse])
+
+
+def near_copy_bleu(pairs: Dataset) -> list[float]:
+    """sacreBLEU's sentence BLEU (0 to 100, lowercased) of each pair's target against its source: how much of the
+    source a target repeats."""
+    return [
+        sacrebleu.sentence_bleu(target, [source], lowercase=True).score
+        for source, target in zip(pairs["source"], pairs["target"])
+    ]
+
+
+def drop_near_copies(pairs: Dataset, max_bleu: float) -> Dataset:
+    """The pairs whose target repeats its source less than `max_bleu` (`near_copy_bleu`). A model with a copy
+    mechanism learns from near-copies that copying the source whole is likely, and beam search then returns it."""
+    if not 0 < max_bleu <= 100:
+        raise ValueError(f"max_bleu must be in (0, 100], got {max_bleu}")
+    scores = near_copy_bleu(pairs)
+    return pairs.select([i for i, score in enumerate(scores) if score < max_bleu])
 
 
 def write_pair_files(dataset: DatasetDict, out_dir: str | os.PathLike[str]) -> dict[str, Path]:

@@ -213,6 +213,14 @@ class DataArguments:
             "symmetric paraphrase data such as Quora's duplicate questions, twice the pairs for free."
         },
     )
+    drop_near_copies: float | None = field(
+        default=None,
+        metadata={
+            "help": "Leave out the training pairs whose target repeats its source this much or more: sacreBLEU's "
+            "sentence BLEU of target against source, 0 to 100 (cdnpg.data.near_copy_bleu), before --both_directions. "
+            "Near-copies teach a copy mechanism that copying the whole source is likely."
+        },
+    )
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only this many validation pairs."})
     max_predict_samples: int | None = field(default=None, metadata={"help": "Keep only this many test pairs."})
     early_stopping_patience: int | None = field(
@@ -245,6 +253,8 @@ class DataArguments:
         for name in REQUIRED_FLAGS.get(self.dataset, ()):
             if not getattr(self, name):
                 raise UsageError(f"{selected_by} needs --{name}")
+        if self.drop_near_copies is not None and not 0 < self.drop_near_copies <= 100:
+            raise UsageError(f"--drop_near_copies takes a BLEU in (0, 100], got {self.drop_near_copies}")
         if self.template_sizes is not None and len(self.template_sizes) != 3:
             raise UsageError(f"--template_sizes takes three numbers (train valid test), got {self.template_sizes}")
 

@@ -10,6 +10,7 @@ from transformers import PreTrainedTokenizerBase
 from cdnpg.data import (
     MissingColumnError,
     both_directions,
+    drop_near_copies,
     load_pair_files,
     load_tokenizer,
     prepare_quora,
@@ -55,6 +56,17 @@ def load_pairs(args: DataArguments) -> datasets.DatasetDict:
     for split, limit in limits.items():
         if limit is not None and split in corpus:
             corpus[split] = corpus[split].select(range(min(limit, len(corpus[split]))))
+    if args.drop_near_copies is not None and "train" in corpus:
+        kept = drop_near_copies(corpus["train"], args.drop_near_copies)
+        if not len(kept):
+            raise UsageError(f"--drop_near_copies {args.drop_near_copies} leaves no training pair: raise it")
+        logger.info(
+            "--drop_near_copies %s: kept %d of %d training pairs",
+            args.drop_near_copies,
+            len(kept),
+            len(corpus["train"]),
+        )
+        corpus["train"] = kept
     if args.both_directions and "train" in corpus:
         corpus["train"] = both_directions(corpus["train"])
     return corpus
