@@ -80,6 +80,12 @@ CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "pa
 PASSED_TO_EVERY_MODEL = frozenset({"output_attentions", "output_hidden_states", "cache_position", "tokenizer"})
 
 
+def upcast(tensor: torch.Tensor) -> torch.Tensor:
+    """At least float32: the masks and probabilities built from z stay exact under bf16/fp16, and a float64 model
+    stays float64 throughout."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
 def refuse_unused(kwargs: dict, forward: str) -> None:
     """An argument the model does not use is an error, not something to drop: when transformers renames an argument
     (5.24 renamed `past_key_values` to `cache`), decoding must fail, not run silently without it."""
@@ -122,9 +128,9 @@ class GranularityHead(nn.Module):
         self.proj = nn.Linear(d_model, 1)  # W_G (with bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # fp32 so that the masks built from z stay exact under bf16/fp16 autocast; squeezed before the sigmoid, so
+        # at least fp32 so that the masks built from z stay exact under bf16/fp16 autocast; squeezed before the sigmoid, so
         # that z is a tensor of its own, not a view (FSDP2 warns of a layer that returns a view)
-        return torch.sigmoid(self.proj(hidden_states).float().squeeze(-1))  # (b, t)
+        return torch.sigmoid(upcast(self.proj(hidden_states)).squeeze(-1))  # (b, t)
 
 
 def resonance_mask(z_i: torch.Tensor, z_j: torch.Tensor) -> torch.Tensor:
@@ -219,7 +225,7 @@ def attention_bias(allowed: torch.Tensor, mask: torch.Tensor | None, dtype: torc
     visible = torch.zeros((), dtype=torch.float32, device=allowed.device)
     if mask is not None:
         visible = mask.clamp(min=MASK_FLOOR).log()[:, None]  # (b, 1, i, j)
-    return torch.where(allowed, visible, torch.finfo(dtype).min).to(dtype)
+    return torch.where(allowed, visible.to(dtype), torch.finfo(dtype).min)
 
 
 def eager_attention_forward(
@@ -239,7 +245,7 @@ def eager_attention_forward(
     query (b, h, i, d), key/value (b, h, j, d), attention_mask (b, 1, i, j) -> output (b, i, h, d), weights (b, h, i, j).
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + attention_mask
-    weights = F.softmax(scores, dim=-1, dtype=torch.float32)
+    weights = F.softmax(upcast(scores), dim=-1)
     if multiplier is not None:  # GA, eq. 9: Ã = A ⊙ M
         weights = weights * multiplier[:, None]
     weights = F.dropout(weights.to(query.dtype), p=dropout, training=module.training)
@@ -1031,12 +1037,12 @@ class CopyMechanism(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits (b, i, V) of the vocabulary, decoder states (b, i, d), encoder states (b, j, d), source ids and
         mask (b, j), z of the source (b, j) and of the decoder positions (b, i) for the granularity gate, labels
-        (b, i) -> log P(y_t) (b, i, V) in float32, and the summed negative log-likelihood of the labels (-100 left
+        (b, i) -> log P(y_t) (b, i, V) in at least float32, and the summed negative log-likelihood of the labels (-100 left
         out) or None. The loss is read at the labels alone, so that its backward pass is cross-entropy's: nothing
         flows back through the (b, i, V) mixture unless the caller uses it."""
-        scores = (self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)).float() * self.scaling
+        scores = upcast(self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)) * self.scaling
         if z_source is not None:  # GA: the copy attention leans on the source's details
-            scores = scores + z_source.float().clamp(min=MASK_FLOOR).log()[:, None, :]
+            scores = scores + upcast(z_source).clamp(min=MASK_FLOOR).log()[:, None, :]
         copyable = source_mask.bool()
         if self.excluded_token_ids:
             copyable = copyable & ~torch.isin(source_ids, source_ids.new_tensor(self.excluded_token_ids))
@@ -1044,16 +1050,16 @@ class CopyMechanism(nn.Module):
         alpha = scores.softmax(-1)  # (b, i, j)
         if self.gate_proj is not None:
             context = alpha.to(encoder_states.dtype) @ encoder_states  # (b, i, d)
-            gate = self.gate_proj(torch.cat([hidden_states, context], dim=-1)).float().squeeze(-1)  # (b, i)
+            gate = upcast(self.gate_proj(torch.cat([hidden_states, context], dim=-1))).squeeze(-1)  # (b, i)
             log_rho, log_not_rho = F.logsigmoid(gate), F.logsigmoid(-gate)
         else:  # GA: ρ_t = z_t
-            z_target = z_target.float()
+            z_target = upcast(z_target)
             log_rho, log_not_rho = z_target.clamp(min=MASK_FLOOR).log(), (1 - z_target).clamp(min=MASK_FLOOR).log()
         if self.excluded_token_ids:  # a source of excluded tokens only: ρ = 0, all is generated
             nothing = ~copyable.any(-1)[:, None]  # (b, 1)
             log_rho = log_rho.masked_fill(nothing, torch.finfo(log_rho.dtype).min)
             log_not_rho = log_not_rho.masked_fill(nothing, 0.0)
-        log_p = logits.float().log_softmax(-1)  # log P_gen
+        log_p = upcast(logits).log_softmax(-1)  # log P_gen
 
         def mixed(generated: torch.Tensor, copied: torch.Tensor) -> torch.Tensor:
             """log P(y) = log((1 - ρ) P_gen(y) + ρ Σ_{j: x_j = y} α_tj) from log((1 - ρ) P_gen(y)) and that sum."""

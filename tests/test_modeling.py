@@ -173,6 +173,28 @@ def test_bf16_autocast_gives_finite_outputs_and_gradients(kind):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize(
+    "kind, copy", [(kind, None) for kind in MASKS] + [("none", "learned"), ("resonance", "learned"),
+                                                      ("resonance", "granularity")]
+)  # fmt: skip
+def test_a_float64_model_computes_in_float64_what_the_float32_model_computes(kind, copy, implementation):
+    """z, the masks and the copy mixture are computed in at least float32, never cast down: a float64 model (as in a
+    gradient check or a rounding-free comparison) ran into an overflow building the mask, and its z was float32."""
+    model = tiny_model(granularity_mask=kind, copy_mechanism=copy)
+    model.set_attn_implementation(implementation)
+    input_ids, attention_mask = batch()
+    decoder_input_ids = torch.randint(3, 60, (3, 5))
+    with torch.no_grad():
+        single = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, output_granularities=True)
+        double = model.double()(input_ids, attention_mask, decoder_input_ids=decoder_input_ids,
+                                output_granularities=True)  # fmt: skip
+    assert double.logits.dtype == torch.float64
+    if kind != "none":
+        assert {z.dtype for z in double.encoder_granularities + double.decoder_granularities} == {torch.float64}
+    torch.testing.assert_close(double.logits.float(), single.logits, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("kind", GA_MASKS)
 def test_every_granularity_head_receives_a_gradient(kind):
     model = tiny_model(granularity_mask=kind).train()
