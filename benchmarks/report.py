@@ -12,6 +12,7 @@ are refused); the ratios of speed results are merged, later ones winning.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import textwrap
 
@@ -48,8 +49,10 @@ FAMILIES = {  # novelty.py's families of settings: the label and style of their 
 
 
 def values(runs: list[dict], key: str) -> list[float]:
-    """`key` of every run that has it, among its metrics or else at its top level (s_per_step, ...)."""
-    return [value for run in runs if (value := run.get("metrics", {}).get(key, run.get(key))) is not None]
+    """`key` of every run that has it, among its metrics or else at its top level (s_per_step, ...). NaN is a
+    metric the run could not compute (high-z words of a model without z, numbers of sources without any): absent."""
+    found = (run.get("metrics", {}).get(key, run.get(key)) for run in runs)
+    return [value for value in found if value is not None and not math.isnan(value)]
 
 
 def mean(runs: list[dict], key: str) -> float:

@@ -95,6 +95,24 @@ def test_a_failed_measurement_keeps_what_was_measured_before_it(tmp_path):
     assert str(out) in completed.stderr
 
 
+def test_report_averages_seeds_and_leaves_out_a_metric_a_run_could_not_compute(tmp_path):
+    """novelty.py writes NaN for the high-z words of a model without z; report.py failed on two such seeds."""
+    files = []
+    for seed, bleu in ((0, 20.0), (1, 22.0)):
+        run = {"benchmark": "novelty", "model": f"none-copy-s{seed}", "setting": "beam search", "family": "beam",
+               "value": 0.0, "settings": {"split": "report", "pairs": 2},
+               "metrics": {"bleu4": bleu, "ibleu": 10.0, "high_z_kept": float("nan")}}  # fmt: skip
+        files.append(tmp_path / f"runs-{seed}.jsonl")
+        files[-1].write_text(json.dumps(run) + "\n")
+    reported = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), *map(str, files)],
+                              capture_output=True, text=True)  # fmt: skip
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    row = next(line for line in reported.stdout.splitlines() if line.startswith("| beam search"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1:4] == ["21.00 ± 1.41", "10.00 ± 0.00", "–"]  # BLEU-4, true iBLEU, self-BLEU-4 (not written)
+    assert cells[7] == "–"  # high-z words kept
+
+
 def test_profile_labels_granularity_heads_and_attention_through_hooks(tmp_path):
     """--profile profiles each runner once instead of timing it: a table per runner, and in --out the time of the
     labelled ranges, the granularity head's only in models that have one."""
