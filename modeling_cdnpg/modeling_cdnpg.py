@@ -128,8 +128,8 @@ class GranularityHead(nn.Module):
         self.proj = nn.Linear(d_model, 1)  # W_G (with bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # at least fp32 so that the masks built from z stay exact under bf16/fp16 autocast; squeezed before the sigmoid, so
-        # that z is a tensor of its own, not a view (FSDP2 warns of a layer that returns a view)
+        # at least fp32 so that the masks built from z stay exact under bf16/fp16 autocast; squeezed before the
+        # sigmoid, so that z is a tensor of its own, not a view (FSDP2 warns of a layer that returns a view)
         return torch.sigmoid(upcast(self.proj(hidden_states)).squeeze(-1))  # (b, t)
 
 
@@ -1037,8 +1037,8 @@ class CopyMechanism(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits (b, i, V) of the vocabulary, decoder states (b, i, d), encoder states (b, j, d), source ids and
         mask (b, j), z of the source (b, j) and of the decoder positions (b, i) for the granularity gate, labels
-        (b, i) -> log P(y_t) (b, i, V) in at least float32, and the summed negative log-likelihood of the labels (-100 left
-        out) or None. The loss is read at the labels alone, so that its backward pass is cross-entropy's: nothing
+        (b, i) -> log P(y_t) (b, i, V) in at least float32, and the summed negative log-likelihood of the labels
+        (-100 left out) or None. The loss is read at the labels alone, so that its backward pass is cross-entropy's: nothing
         flows back through the (b, i, V) mixture unless the caller uses it."""
         scores = upcast(self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)) * self.scaling
         if z_source is not None:  # GA: the copy attention leans on the source's details
