@@ -1038,8 +1038,8 @@ class CopyMechanism(nn.Module):
         """logits (b, i, V) of the vocabulary, decoder states (b, i, d), encoder states (b, j, d), source ids and
         mask (b, j), z of the source (b, j) and of the decoder positions (b, i) for the granularity gate, labels
         (b, i) -> log P(y_t) (b, i, V) in at least float32, and the summed negative log-likelihood of the labels
-        (-100 left out) or None. The loss is read at the labels alone, so that its backward pass is cross-entropy's: nothing
-        flows back through the (b, i, V) mixture unless the caller uses it."""
+        (-100 left out) or None. The loss is read at the labels alone, so that its backward pass is cross-entropy's:
+        nothing flows back through the (b, i, V) mixture unless the caller uses it."""
         scores = upcast(self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)) * self.scaling
         if z_source is not None:  # GA: the copy attention leans on the source's details
             scores = scores + upcast(z_source).clamp(min=MASK_FLOOR).log()[:, None, :]
