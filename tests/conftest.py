@@ -1,9 +1,20 @@
 """Shared fixtures: a tiny random C-DNPG (2+2 layers, d 32) keeps every model test to seconds on a CPU; tiny trained
 paraphrasers, whose next token depends on the whole prefix, for the decoding tests; and the guard that fails a test
 in which our code (the project's files or the remote code of its checkpoints) makes transformers warn of a
-deprecation."""
+deprecation.
 
+The trained paraphrasers are the same to the bit in every process, whatever ran before them, the thread count or the
+load on the machine: the tokenizer is a file shipped with the tests (`tokenizers` breaks frequency ties differently in
+each process), and the training runs under `deterministic_training`, which sets and afterwards restores the global
+torch state it reads. Each is checked after training for what the decoding tests need, and retrained with the next
+seed when it lacks it (`trained_paraphraser`).
+"""
+
+import contextlib
+import hashlib
+import json
 import logging
+import shutil
 import sysconfig
 import traceback
 import warnings
@@ -12,13 +23,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from cdnpg.data import model_token_ids, save_tokenizer, template_corpus, train_wordpiece_tokenizer
+from cdnpg.data import model_token_ids, template_corpus
 from cdnpg.hub import save_checkpoint
 from modeling_cdnpg import CDNPGConfig, CDNPGForConditionalGeneration
 from modeling_cdnpg.modeling_cdnpg import CACHE_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
+# a WordPiece tokenizer trained once on the fixture corpus below (256 template-corpus pairs, 400 tokens) and shipped:
+# trained anew, its ids would differ between processes
+TOKENIZER = ROOT / "tests" / "data" / "tokenizer"
 MASKS = ("resonance", "scope", "product", "mean", "none")
 PAD, BOS, EOS = 0, 1, 2
 
@@ -67,10 +81,8 @@ def shared_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> str:
-    """One tokenizer for runs that are compared: `tokenizers` breaks frequency ties differently in each process."""
-    corpus = template_corpus(num_train=256, num_valid=16, num_test=16, seed=0)["train"]
-    tokenizer = train_wordpiece_tokenizer([*corpus["source"], *corpus["target"]], vocab_size=400)
-    return str(save_tokenizer(tokenizer, tmp_path_factory.mktemp("tokenizer")))
+    """The shipped tokenizer (`TOKENIZER`), copied so that no test can change the file in the repository."""
+    return str(shutil.copytree(TOKENIZER, tmp_path_factory.mktemp("tokenizer") / "tokenizer"))
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -78,6 +90,44 @@ def tokenizer_dir(tmp_path_factory) -> str:
 # ------------------------------------------------------------------------------------------------------------------
 
 PARAPHRASER_STEPS = 250  # the training loss falls from 6 to about 0.2: fluent template paraphrases, seconds per mask
+PARAPHRASER_SEEDS = (0, 1, 2, 3)  # tried in turn until one trains a model that the decoding tests can rely on
+SOURCES = [
+    "how can i get from paris to rome by train ?",
+    "why is pinterest so popular ?",
+    "what are the must - see places in new zealand ?",
+    "how useful is scala for game theory ?",
+]
+
+
+@contextlib.contextmanager
+def deterministic_training():
+    """The global torch state a training reads, set to fixed values and restored afterwards, so that neither earlier
+    tests nor the process's settings change what it computes: one intra-op thread (a reduction split over threads
+    adds in another order), float32 defaults and matmul precision, no autocast, gradients on, deterministic
+    algorithms, and a forked global RNG (the seed set inside does not leak out, and earlier draws do not leak in)."""
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    precision, deterministic = torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)
+    torch.set_float32_matmul_precision("highest")
+    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.autocast("cpu", enabled=False), torch.enable_grad():
+            yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)
+        torch.set_float32_matmul_precision(precision)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter and buffer, by name: equal digests are bit-identical weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def train_tiny_paraphraser(
@@ -85,25 +135,72 @@ def train_tiny_paraphraser(
 ) -> CDNPGForConditionalGeneration:
     """A d 64 C-DNPG trained on 256 template-corpus pairs. A random tiny model repeats one token whatever it sees, so a
     decoder that lost its prefix (a dropped cache) decodes the same; this one writes a different word at each step,
-    chosen from all the words before it."""
+    chosen from all the words before it. The same weights for the same arguments, in any process."""
     corpus = template_corpus(num_train=256, num_valid=16, num_test=16, seed=0)["train"]
     sources = tokenizer(list(corpus["source"]), padding=True, return_tensors="pt")
     targets = tokenizer(list(corpus["target"]), padding=True, return_tensors="pt")
     labels = targets["input_ids"][:, 1:].masked_fill(targets["attention_mask"][:, 1:] == 0, -100)
-    torch.manual_seed(seed)
-    sizes = dict(d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.0, attention_dropout=0.0)
-    config = tiny_config(**model_token_ids(tokenizer), **sizes, granularity_mask=granularity_mask, **overrides)
-    model = CDNPGForConditionalGeneration(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    batches = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        rows = torch.randint(0, len(corpus), (32,), generator=batches)
-        loss = model(sources["input_ids"][rows], sources["attention_mask"][rows], labels=labels[rows]).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    with deterministic_training():
+        torch.manual_seed(seed)
+        sizes = dict(d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.0, attention_dropout=0.0)
+        config = tiny_config(**model_token_ids(tokenizer), **sizes, granularity_mask=granularity_mask, **overrides)
+        model = CDNPGForConditionalGeneration(config)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        batches = torch.Generator().manual_seed(seed)
+        for _ in range(steps):
+            rows = torch.randint(0, len(corpus), (32,), generator=batches)
+            loss = model(sources["input_ids"][rows], sources["attention_mask"][rows], labels=labels[rows]).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
     model.generation_config.max_new_tokens = 16
     return model.eval()
+
+
+def newest_token_only_greedy(model, inputs: dict, steps: int) -> torch.Tensor:
+    """Greedy decoding by a decoder that sees only the newest token at position 0: what a dropped cache decoded."""
+    ids = torch.full((inputs["input_ids"].shape[0], 1), model.config.decoder_start_token_id)
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(**inputs)
+        for _ in range(steps):
+            logits = model(**inputs, encoder_outputs=encoder_outputs, decoder_input_ids=ids[:, -1:], use_cache=False)
+            ids = torch.cat([ids, logits.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids
+
+
+def why_not_prefix_dependent(model, tokenizer) -> str | None:
+    """What keeps `model` from proving cache parity on `SOURCES`, or None: greedy decoding must write at least 5
+    distinct tokens for each source (not one repeated token), and a decoder that sees only the newest token must
+    write something else for every source (so that a dropped cache shows)."""
+    batch = tokenizer(SOURCES, padding=True, return_tensors="pt")
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with torch.no_grad():
+        full = model.generate(**inputs, num_beams=1, do_sample=False, use_cache=False)
+    repeating = [tokenizer.decode(row) for row in full.tolist() if len(set(row)) < 5]
+    if repeating:
+        return f"fewer than 5 distinct tokens in {repeating}"
+    newest_only = newest_token_only_greedy(model, inputs, full.shape[1] - 1)
+    alike = [tokenizer.decode(a) for a, b in zip(full.tolist(), newest_only.tolist()) if a == b]
+    if alike:
+        return f"a decoder seeing only the newest token writes the same {alike}"
+    return None
+
+
+def trained_paraphraser(tokenizer, granularity_mask: str, **overrides) -> CDNPGForConditionalGeneration:
+    """`train_tiny_paraphraser` with the first of `PARAPHRASER_SEEDS` whose model the decoding tests can rely on
+    (`why_not_prefix_dependent`); an error naming every seed and what each model lacked when none is."""
+    failures = []
+    for seed in PARAPHRASER_SEEDS:
+        model = train_tiny_paraphraser(tokenizer, granularity_mask, seed=seed, **overrides)
+        reason = why_not_prefix_dependent(model, tokenizer)
+        if reason is None:
+            return model
+        failures.append(f"seed {seed}: {reason}")
+    described = ", ".join(f"{key}={value}" for key, value in overrides.items())
+    raise RuntimeError(
+        f"no seed trained a {granularity_mask} paraphraser ({described or 'no copy'}) whose next token depends on "
+        "the whole prefix:\n" + "\n".join(failures)
+    )
 
 
 # paraphrasers with a copy mechanism: name -> (granularity mask, gate); "none" + learned is Transformer+Copy
@@ -114,16 +211,20 @@ COPYING = {"none+copy": ("none", "learned"), "resonance+copy": ("resonance", "le
 @pytest.fixture(scope="session")
 def paraphrasers(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
     """Per granularity mask, and per copy setting of `COPYING`, a tiny trained paraphraser saved as a checkpoint
-    (weights, remote code, tokenizer)."""
+    (weights, remote code, tokenizer). Their `weights_digest`s are written beside them to `digests.json`: the same
+    in every run (issue 38's proof compares them across processes)."""
     from cdnpg.data import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     folder = tmp_path_factory.mktemp("paraphrasers")
     kinds = {kind: (kind, None) for kind in MASKS} | COPYING
-    return {
-        kind: save_checkpoint(train_tiny_paraphraser(tokenizer, mask, copy_mechanism=gate), tokenizer, folder / kind)
-        for kind, (mask, gate) in kinds.items()
-    }
+    checkpoints, digests = {}, {}
+    for kind, (mask, gate) in kinds.items():
+        model = trained_paraphraser(tokenizer, mask, copy_mechanism=gate)
+        digests[kind] = weights_digest(model)
+        checkpoints[kind] = save_checkpoint(model, tokenizer, folder / kind)
+    (folder / "digests.json").write_text(json.dumps(digests, indent=1) + "\n")
+    return checkpoints
 
 
 # ------------------------------------------------------------------------------------------------------------------

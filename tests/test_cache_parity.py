@@ -18,16 +18,10 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
 from cdnpg.hub import REMOTE_CODE_FILES
 from modeling_cdnpg.modeling_cdnpg import CACHE_NAME
-from tests.conftest import COPYING, MASKS, ROOT, cache_of
+from tests.conftest import COPYING, MASKS, ROOT, SOURCES, cache_of, why_not_prefix_dependent
 from tests.test_cli import run_cli
 from tests.test_hub import PYTHONS, run_isolated
 
-SOURCES = [
-    "how can i get from paris to rome by train ?",
-    "why is pinterest so popular ?",
-    "what are the must - see places in new zealand ?",
-    "how useful is scala for game theory ?",
-]
 MODES = {
     "greedy": dict(num_beams=1),
     "beam search": dict(num_beams=4, num_return_sequences=2),
@@ -48,28 +42,13 @@ def generate(model, inputs, seed=0, **kwargs):
         return model.generate(**inputs, return_dict_in_generate=True, output_scores=True, output_logits=True, **kwargs)
 
 
-def newest_token_only_greedy(model, inputs, steps: int) -> torch.Tensor:
-    """Greedy decoding by a decoder that sees only the newest token at position 0: what a dropped cache decoded."""
-    ids = torch.full((inputs["input_ids"].shape[0], 1), model.config.decoder_start_token_id)
-    with torch.no_grad():
-        encoder_outputs = model.get_encoder()(**inputs)
-        for _ in range(steps):
-            logits = model(**inputs, encoder_outputs=encoder_outputs, decoder_input_ids=ids[:, -1:], use_cache=False)
-            ids = torch.cat([ids, logits.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return ids
-
-
 @pytest.mark.parametrize("kind", [*MASKS, *COPYING])
-def test_the_paraphrasers_next_token_depends_on_the_whole_prefix(paraphrasers, kind):
-    """What makes the parity tests below able to fail: these models' outputs are not one repeated token, and a
-    decoder that sees only the newest token (a dropped cache) writes other outputs."""
-    model, tokenizer, inputs = load(paraphrasers[kind])
-    full = generate(model, inputs, num_beams=1, use_cache=False).sequences
-    newest_only = newest_token_only_greedy(model, inputs, full.shape[1] - 1)
-    for row in full.tolist():
-        assert len(set(row)) >= 5, tokenizer.decode(row)
-    differing = sum(a != b for a, b in zip(full.tolist(), newest_only.tolist()))
-    assert differing == len(SOURCES), tokenizer.batch_decode(full, skip_special_tokens=True)
+def test_the_saved_paraphrasers_next_token_depends_on_the_whole_prefix(paraphrasers, kind):
+    """What makes the parity tests below able to fail, checked on the checkpoints as they load (the fixture checked
+    the models it trained): outputs that are not one repeated token, and other outputs from a decoder that sees only
+    the newest token (a dropped cache)."""
+    model, tokenizer, _ = load(paraphrasers[kind])
+    assert why_not_prefix_dependent(model, tokenizer) is None
 
 
 @pytest.mark.parametrize("mode", MODES)
