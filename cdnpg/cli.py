@@ -43,6 +43,7 @@ from cdnpg.commands import (
 logger = logging.getLogger("cdnpg.cli")  # not __name__: `python -m cdnpg.cli` runs it as __main__
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+VERBOSE = dict(action="store_true", help="debug logging, tracebacks on errors")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -65,6 +66,18 @@ def _version() -> str:
         return "unknown"
 
 
+def add_command(
+    commands: argparse._SubParsersAction, name: str, run, check=None, parents=(), **texts: str
+) -> argparse.ArgumentParser:
+    """A subcommand whose parsed arguments carry what runs it (`run`), what checks them before any work (`check`) and
+    its parser (for usage errors); `-v` unless a parent (the model options) brings it."""
+    parser = commands.add_parser(name, parents=list(parents), **texts)
+    if not parents:
+        parser.add_argument("-v", "--verbose", **VERBOSE)
+    parser.set_defaults(check=check or (lambda args: None), run=run, parser=parser)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `cdnpg` parser: one subcommand per task, each with the shared model and generation options."""
     model_options = argparse.ArgumentParser(add_help=False)
@@ -84,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="allow a Hub repo's own modeling code (not needed where this package is installed)",
     )
-    model_options.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors")
+    model_options.add_argument("-v", "--verbose", **VERBOSE)
     generation = model_options.add_argument_group("generation (granularity: only with --decoder)")
     generation.add_argument(
         "--num-beams",
@@ -110,8 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    para = commands.add_parser(
+    para = add_command(
+        commands,
         "paraphrase",
+        run_paraphrase,
+        check_paraphrase,
         parents=[model_options],
         help="paraphrase sentences",
         description="Paraphrase sentences given as arguments, read from --input FILE or from stdin (one per line). "
@@ -145,10 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="0 to 1: how strongly the input's details (high z: names, numbers, topics) are pulled into the output, "
         "with or without --novelty (default: not at all). See docs/novelty.md",
     )
-    para.set_defaults(check=check_paraphrase, run=run_paraphrase, parser=para)
 
-    gran = commands.add_parser(
+    gran = add_command(
+        commands,
         "granularity",
+        run_granularity,
+        check_granularity,
         parents=[model_options],
         help="draw z per layer for a sentence (the paper's Figure 2)",
         description="The granularity z (eq. 4) of every encoder layer for one sentence, per word (the mean of its "
@@ -169,10 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also the decoder layers' self-attention z over the model's own paraphrase of the sentence",
     )
     gran.add_argument("--show", action="store_true", help="print a words x layers table of z to stdout")
-    gran.set_defaults(check=check_granularity, run=run_granularity, parser=gran)
 
-    conv = commands.add_parser(
+    conv = add_command(
+        commands,
         "convert",
+        run_convert,
+        check_convert,
         help="put GA-attention on a pretrained BART or BERT-family checkpoint",
         description="Convert a BartForConditionalGeneration or a BERT-family encoder (encoder and decoder both from "
         "it, bert2bert) into a C-DNPG checkpoint: every pretrained weight is kept, the granularity heads are new "
@@ -192,29 +212,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-cross-attention-granularity", action="store_true", help="no resonance mask in cross-attention"
     )
     conv.add_argument("--overwrite", action="store_true", help="write into a non-empty OUTPUT folder")
-    conv.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors")
-    conv.set_defaults(check=check_convert, run=run_convert, parser=conv)
 
-    wordnet = commands.add_parser(
+    wordnet = add_command(
+        commands,
         "install-wordnet",
+        run_install_wordnet,
         help="install WordNet 3.0 for the METEOR metric, offline, from Debian's wordnet-base/wordnet-sense-index",
         description="Lay out Debian's WordNet 3.0 files (apt-get install wordnet-base wordnet-sense-index) for NLTK, "
         "which METEOR needs and cannot download without internet access. See docs/metrics.md.",
     )
     wordnet.add_argument("--target", metavar="DIR", help="NLTK data folder (default: nltk_data in this environment)")
     wordnet.add_argument("--source", metavar="DIR", help="Debian's WordNet folder (default: /usr/share/wordnet)")
-    wordnet.set_defaults(check=lambda args: None, run=run_install_wordnet, parser=wordnet, verbose=False)
 
-    refresh = commands.add_parser(
+    refresh = add_command(
+        commands,
         "refresh-code",
+        run_refresh_code,
         help="replace a checkpoint's model code with this package's (weights unchanged)",
         description="Copy this package's model code (configuration_cdnpg.py, modeling_cdnpg.py, generation_cdnpg.py, "
         "pipeline_cdnpg.py) into a saved C-DNPG checkpoint folder, which loads it with trust_remote_code. Code saved "
         "before transformers 5.24 was supported decodes without its cache there. See docs/compatibility.md.",
     )
     refresh.add_argument("checkpoint", metavar="DIR", help="the checkpoint folder")
-    refresh.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors")
-    refresh.set_defaults(check=lambda args: None, run=run_refresh_code, parser=refresh)
     return parser
 
 

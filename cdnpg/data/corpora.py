@@ -19,16 +19,7 @@ from datasets import DatasetDict
 from tokenizers import models, normalizers, pre_tokenizers
 from transformers.utils.logging import tqdm
 
-from .records import (
-    DataFileError,
-    FileReport,
-    MissingColumnError,
-    PairDataReport,
-    check_file,
-    check_text,
-    csv_records,
-    pair_dataset,
-)
+from . import records
 
 logger = logging.getLogger(__name__)
 
@@ -98,10 +89,14 @@ def _cleaner(normalize: bool, unk_vocab: str | os.PathLike[str] | None) -> Calla
 
 
 def _add_pair(
-    pairs: list[tuple[str, str]], report: FileReport, line: int, source: tuple[str, str], target: tuple[str, str]
+    pairs: list[tuple[str, str]],
+    report: records.FileReport,
+    line: int,
+    source: tuple[str, str],
+    target: tuple[str, str],
 ) -> None:
     """Append a ``(source, target)`` pair given as ``(field name, text)``, or count it as malformed, naming the field."""
-    reason = check_text(*source) or check_text(*target)
+    reason = records.check_text(*source) or records.check_text(*target)
     if reason:
         report.add_malformed(line, reason)
     else:
@@ -109,7 +104,7 @@ def _add_pair(
 
 
 def _resolve_sizes(
-    available: int, sizes: dict[str, int | None], scale_if_short: bool, what: str, report: PairDataReport
+    available: int, sizes: dict[str, int | None], scale_if_short: bool, what: str, report: records.PairDataReport
 ) -> dict[str, int]:
     """Turn requested split sizes into actual ones; at most one size may be None, meaning "all the rest".
 
@@ -148,7 +143,7 @@ def _take_splits(pairs: list[tuple[str, str]], sizes: dict[str, int], seed: int)
 
 
 def _drop_overlap(
-    splits: dict[str, list[tuple[str, str]]], order: Sequence[str], report: PairDataReport
+    splits: dict[str, list[tuple[str, str]]], order: Sequence[str], report: records.PairDataReport
 ) -> dict[str, list[tuple[str, str]]]:
     """Remove from each split the pairs sharing a sentence with any later split in ``order`` (e.g. train vs test)."""
     protected: set[str] = set()
@@ -161,8 +156,10 @@ def _drop_overlap(
     return splits
 
 
-def _finish(splits: dict[str, list[tuple[str, str]]], report: PairDataReport) -> tuple[DatasetDict, PairDataReport]:
-    result = DatasetDict({name: pair_dataset(pairs) for name, pairs in splits.items()})
+def _finish(
+    splits: dict[str, list[tuple[str, str]]], report: records.PairDataReport
+) -> tuple[DatasetDict, records.PairDataReport]:
+    result = DatasetDict({name: records.pair_dataset(pairs) for name, pairs in splits.items()})
     report.split_sizes = {name: len(pairs) for name, pairs in splits.items()}
     report.log_malformed()
     logger.info("split sizes: %s", report.split_sizes)
@@ -186,7 +183,7 @@ def prepare_quora(
     unk_vocab: str | os.PathLike[str] | None = None,
     scale_if_short: bool = False,
     drop_overlap: bool = False,
-) -> tuple[DatasetDict, PairDataReport]:
+) -> tuple[DatasetDict, records.PairDataReport]:
     """Rebuild the paper's Quora split from the Kaggle Quora Question Pairs file.
 
     The file is CSV (Kaggle ``train.csv``) or TSV (Quora's ``quora_duplicate_questions.tsv``), chosen by extension,
@@ -205,22 +202,22 @@ def prepare_quora(
         drop_overlap: remove train (valid) pairs that share a sentence with valid/test (test). Off by default:
             the paper split pairs at random, and Quora questions recur across pairs.
     """
-    path = check_file(raw_path)
+    path = records.check_file(raw_path)
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".tsv"):
-        raise DataFileError(f"unsupported extension {suffix!r} for {path}; allowed: .csv, .tsv")
+        raise records.DataFileError(f"unsupported extension {suffix!r} for {path}; allowed: .csv, .tsv")
     clean = _cleaner(normalize, unk_vocab)
-    file_report = FileReport(path=str(path))
-    report = PairDataReport(files={"quora": file_report})
+    file_report = records.FileReport(path=str(path))
+    report = records.PairDataReport(files={"quora": file_report})
     pairs: list[tuple[str, str]] = []
     with path.open(encoding="utf-8", newline="") as handle:
-        header, records = csv_records(handle, path, delimiter="," if suffix == ".csv" else "\t")
+        header, rows = records.csv_records(handle, path, delimiter="," if suffix == ".csv" else "\t")
         header = header or []
         missing = [name for name in QUORA_COLUMNS if name not in header]
         if missing:
-            raise MissingColumnError(f"{path} lacks the Quora columns {missing}; columns found: {header}")
+            raise records.MissingColumnError(f"{path} lacks the Quora columns {missing}; columns found: {header}")
         q1, q2, label = (header.index(name) for name in QUORA_COLUMNS)
-        for line_number, row, problem in records:
+        for line_number, row, problem in rows:
             file_report.records += 1
             if problem is not None:
                 file_report.add_malformed(line_number, problem)
@@ -255,7 +252,7 @@ TWITTER_MIN_POSITIVE = 4  # Lan et al. (2017): pairs with more than 3 of 6 annot
 
 
 def _read_twitter_lines(
-    path: Path, clean: Callable[[str], str], report: FileReport, allow_unlabelled: bool
+    path: Path, clean: Callable[[str], str], report: records.FileReport, allow_unlabelled: bool
 ) -> list[tuple[str, str]]:
     """Parse ``sent1<TAB>sent2[<TAB>(pos,total)<TAB>url]`` lines; labelled lines are kept if ``pos > 3``."""
     pairs: list[tuple[str, str]] = []
@@ -296,7 +293,7 @@ def prepare_twitter_url(
     unk_vocab: str | os.PathLike[str] | None = None,
     scale_if_short: bool = False,
     drop_overlap: bool = False,
-) -> tuple[DatasetDict, PairDataReport]:
+) -> tuple[DatasetDict, records.PairDataReport]:
     """Rebuild the paper's Twitter URL splits (Lan et al., 2017) from the raw files.
 
     Train: the automatically collected file, ``sent1<TAB>sent2`` per line, shuffled with ``seed`` and cut to
@@ -317,11 +314,11 @@ def prepare_twitter_url(
     if isinstance(test_paths, (str, os.PathLike)):
         test_paths = [test_paths]
     clean = _cleaner(normalize, unk_vocab)
-    report = PairDataReport()
+    report = records.PairDataReport()
     labelled: list[tuple[str, str]] = []
     for raw in test_paths:
-        path = check_file(raw)
-        file_report = FileReport(path=str(path))
+        path = records.check_file(raw)
+        file_report = records.FileReport(path=str(path))
         report.files[f"labelled:{path.name}"] = file_report
         labelled.extend(_read_twitter_lines(path, clean, file_report, allow_unlabelled=False))
         report.note(f"{path.name}: {file_report.kept} pairs with rating > 3 kept, {file_report.filtered} dropped")
@@ -330,8 +327,8 @@ def prepare_twitter_url(
     )
     splits = _take_splits(labelled, sizes, seed)
 
-    path = check_file(train_path)
-    file_report = FileReport(path=str(path))
+    path = records.check_file(train_path)
+    file_report = records.FileReport(path=str(path))
     report.files["train"] = file_report
     train_pairs = _read_twitter_lines(path, clean, file_report, allow_unlabelled=True)
     train_sizes = _resolve_sizes(len(train_pairs), {"train": train_size}, scale_if_short, path.name, report)
