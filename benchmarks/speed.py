@@ -4,8 +4,10 @@
     python benchmarks/speed.py --seq-lens 20 64 256 --out speed.json   # the paper's model (docs/speed.md)
     python benchmarks/speed.py --quick --out /tmp/quick.json             # tiny model, about a minute (smoke test)
     python benchmarks/speed.py --seq-lens 20 --parts train --profile prof  # where the time goes: torch.profiler
+    python benchmarks/speed.py --seq-lens 20 --kernels-only --out k.json  # kernels per step, no timing
 
-`comparisons` lists the ratios and TARGETS their bounds. The models of a part take turns in rotated order, each call
+`comparisons` lists the ratios and TARGETS their bounds. Every runner's kernels per call are counted beside its
+times (`count_kernels`): on a GPU, where a small model is launch-bound, they set the step time. The models of a part take turns in rotated order, each call
 a `torch.utils.benchmark.Timer` measurement (CPU: process time, one thread); a ratio is the median of the per-round
 ratios. Protocol, reading and GPU command: docs/speed.md; tables and figures of result files: benchmarks/report.py.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import itertools
 import statistics
@@ -22,16 +25,17 @@ import time
 from pathlib import Path
 
 import torch
-from common import DECODING, machine_info, write_json
+from common import DECODING, format_table, machine_info, write_json
 from report import show
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils import benchmark
-from transformers import CompileConfig, GenerationConfig
+from transformers import GenerationConfig
 
 from cdnpg.training import bart_like
 from cdnpg.training.arguments import architecture_fields
 from modeling_cdnpg import GRANULARITY_MASKS, CDNPGConfig, CDNPGForConditionalGeneration, GranularityHead
-from modeling_cdnpg.modeling_cdnpg import CDNPGAttention
+from modeling_cdnpg.modeling_cdnpg import CACHE_NAME, CDNPGAttention
 
 GA_VARIANTS = tuple(mask for mask in GRANULARITY_MASKS if mask != "none")
 PARTS = ("train", "generate", "forward")
@@ -51,6 +55,10 @@ BATCH, GEN_BATCH = 32, 4  # training batch (the paper's) and beam-search sources
 CPU_TRAIN_TOKENS = 1024  # batch x L cap of a training step on CPU: batch 32 at L 20, 16 at 64, 4 at 256
 CPU_GEN_TOKENS = 80  # sources x max(L, new tokens) cap of a beam search on CPU: 4 sources at 20, 1 from 64 on
 CPU_NEW_TOKENS = 64  # new-token cap on CPU: use_cache=False recomputes every position at every step
+NOT_LAUNCHED = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "resize_", "resolve_conj",
+                "resolve_neg", "detach", "lift_fresh", "_unsafe_view"}  # allocations, metadata: no kernel  # fmt: skip
+DISPATCHED = set(torch._C._dispatch_get_all_op_names())  # overloads with kernels (not TorchScript's)
+KERNEL_COLUMNS = ("forward", "backward", "total", "step", "generate_per_token", "call")
 PROFILED = {GranularityHead: "cdnpg::GranularityHead (eq. 4)", CDNPGAttention: "cdnpg::CDNPGAttention"}
 
 
@@ -58,7 +66,7 @@ def comparisons(args) -> list[tuple[str, str, str, str, str | None]]:
     """Every ratio these options measure at each length, as (key, part, numerator runner, denominator runner, target):
     the models built are exactly the runners named here. A runner name says what runs how: "product" (SDPA) or
     "product@eager" in train and forward; "product+cache", "product-cache" (use_cache=False) or "product+static"
-    (static cache, compiled step) in generate."""
+    (static cache, `torch.compile`d forward) in generate."""
     plan = [(f"train/{v}_vs_none", "train", v, "none", "train_ga_vs_none") for v in args.variants]
     plan.append(("train/none_vs_bart", "train", "none", BART, "train_none_vs_bart"))
     plan += [(f"train/{v}_sdpa_vs_eager", "train", v, f"{v}@eager", None) for v in args.eager_variants]
@@ -71,6 +79,8 @@ def comparisons(args) -> list[tuple[str, str, str, str, str | None]]:
         plan.append((f"gen/{v}_nocache_vs_cache", "generate", f"{v}-cache", f"{v}+cache", "gen_cache_speedup"))
         plan += [(f"gen/{v}_vs_none_cached", "generate", f"{v}+cache", "none+cache", None)] if v != "none" else []
     plan.append(("gen/none_vs_bart_cached", "generate", "none+cache", f"{BART}+cache", None))
+    for v, gate in itertools.product(args.copy_variants, ("learned", "granularity")):
+        plan.append((f"gen/{v}_{gate}_copy_vs_{v}_cached", "generate", f"{COPY}{gate}:{v}+cache", f"{v}+cache", None))
     for v in args.static_variants:
         plan.append((f"gen/{v}_static_compiled_vs_dynamic", "generate", f"{v}+static", f"{v}+cache", None))
         plan.append((f"gen/{v}_static_compiled_vs_bart", "generate", f"{v}+static", f"{BART}+static", None))
@@ -79,15 +89,16 @@ def comparisons(args) -> list[tuple[str, str, str, str, str | None]]:
 
 
 def model_name(runner: str) -> str:
-    """The model a runner times: "product@eager" of "product@eager", "product" of "product+cache"."""
-    return runner.split("+")[0].removesuffix("-cache")
+    """The model a runner times: "product@eager" of "product@eager", "product" of "product+cache"; a compiled
+    runner's own ("product+static"), whose forward is compiled."""
+    return runner if runner.endswith("+static") else runner.split("+")[0].removesuffix("-cache")
 
 
 def build_model(runner: str, model_kw: dict) -> torch.nn.Module:
     """The model a runner times: C-DNPG with that mask and attention implementation, or BART of the same size
     (`cdnpg.training.bart_like`); "minilm:" ones take MINILM_MODEL's size. Flex attention has no attention dropout,
     so its models are built without (the forward part is in eval mode, where dropout is off anyway)."""
-    name, _, attn = model_name(runner).partition("@")
+    name, _, attn = runner.split("+")[0].removesuffix("-cache").partition("@")
     torch.manual_seed(0)
     if name.startswith(WARM):
         name, model_kw = name.removeprefix(WARM), {**model_kw, **MINILM_MODEL}
@@ -122,9 +133,11 @@ def workload(runner: str, model, part: str, batch: int, length: int, new_tokens:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         labels = random_ids(model.config, batch, length, 1, args.device)
 
-        def train_step():
-            with autocast:
-                model(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
+        def train_step(observe=lambda half: contextlib.nullcontext()):  # count_kernels observes the halves
+            with observe("forward"), autocast:
+                loss = model(input_ids=source, attention_mask=mask, labels=labels).loss
+            with observe("backward"):
+                loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
@@ -142,10 +155,10 @@ def workload(runner: str, model, part: str, batch: int, length: int, new_tokens:
     config = GenerationConfig(num_beams=DECODING["num_beams"], max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                               early_stopping=False, use_cache=not runner.endswith("-cache"),
                               **{key: getattr(model.config, key) for key in special})  # fmt: skip
-    if runner.endswith("+static"):
+    if runner.endswith("+static"):  # transformers 5.24 compiles no beam search itself: it calls the model directly
         config.cache_implementation = "static"
-        config.compile_config = CompileConfig(fullgraph=True)
-        config.compile_config._compile_all_devices = True  # transformers compiles by itself only on accelerators
+        mode = "reduce-overhead" if args.device.type == "cuda" else None  # CUDA graphs
+        model.forward = torch.compile(model.forward, backend=args.compile_backend, mode=mode, fullgraph=True)
 
     def beam_search():
         with torch.inference_mode(), autocast:
@@ -153,6 +166,19 @@ def workload(runner: str, model, part: str, batch: int, length: int, new_tokens:
         if out.shape != (batch, new_tokens + 1):
             raise RuntimeError(f"{runner}: generate returned {tuple(out.shape)}, expected {(batch, new_tokens + 1)}")
 
+    if runner.endswith("+cache"):  # one cached step of 8 beams of one source, as beam search runs it
+        beams, state = source[:1].expand(config.num_beams, -1), {}
+        with torch.inference_mode():
+            encoded = model.get_encoder()(input_ids=beams, attention_mask=mask[:1].expand_as(beams))
+        start = torch.full((config.num_beams, 1), config.decoder_start_token_id, device=args.device)
+
+        def decoding_step():  # the first call fills the cache: the cross-attention keys and values, the start token
+            with torch.inference_mode(), autocast:
+                out = model(encoder_outputs=encoded, attention_mask=mask[:1].expand_as(beams), decoder_input_ids=start,
+                            use_cache=True, **{CACHE_NAME: state.get("cache")})  # fmt: skip
+            state["cache"] = getattr(out, CACHE_NAME)
+
+        beam_search.step = decoding_step
     return beam_search
 
 
@@ -179,6 +205,61 @@ def peak_memory(fn, device) -> int | None:
     return torch.cuda.max_memory_allocated(device) - before
 
 
+@functools.cache
+def launches(name: str) -> bool:
+    """Whether an aten op the profiler recorded runs a kernel of its own: it returns a tensor and is no allocation,
+    view (metadata only) or composite op (made of other ops, which are counted instead)."""
+    if not name.startswith("aten::") or name.removeprefix("aten::") in NOT_LAUNCHED:
+        return False
+    packet = getattr(torch.ops.aten, name.removeprefix("aten::"))  # the profiler names no overload: the first
+    overloads = [getattr(packet, name) for name in sorted(packet.overloads(), key="default".__ne__)]
+    op = next(op for op in overloads if op.name() in DISPATCHED)
+    composite = op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+    return not (composite or op.is_view) and any(str(r.type).startswith("Tensor") for r in op._schema.returns)
+
+
+def kernels(events, device: torch.device) -> int:
+    """Kernels among profiled events: on CUDA the device's own (kernels, copies, fills); elsewhere the aten ops that
+    launch one (`launches`) and run inside none that does (what runs inside an op is its implementation)."""
+    if device.type == "cuda":
+        return sum(event.device_type == DeviceType.CUDA for event in events)
+
+    def outermost(event) -> bool:
+        while (event := event.cpu_parent) is not None:
+            if launches(event.name):
+                return False
+        return True
+
+    return sum(launches(event.name) and outermost(event) for event in events)
+
+
+def count_kernels(call, part: str, new_tokens: int, device: torch.device) -> dict[str, float]:
+    """Kernels of one call after a warm-up call (first-call allocations, compilation): a training step's forward and
+    backward apart; a beam search's per new token, and one decoding step of a cached one; a forward's."""
+    counts, activities = {}, [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device.type == "cuda" else [])]
+
+    @contextlib.contextmanager
+    def observe(name: str):
+        with profile(activities=activities) as prof:
+            yield
+        counts[name] = kernels(prof.events(), device)
+
+    call()
+    if part == "train":
+        call(observe)
+        return counts | {"total": counts["forward"] + counts["backward"]}
+    with observe("call"):
+        call()
+    if part == "forward":
+        return counts | {"total": counts["call"]}
+    counts = {"generate_per_token": counts["call"] / new_tokens}
+    if step := getattr(call, "step", None):
+        step()
+        with observe("step"):
+            step()
+    return counts | {"total": counts["generate_per_token"]}
+
+
 def measure(args, model_kw: dict, length: int, part: str, plan: list[tuple], results: dict) -> None:
     """Time every runner the `part` comparisons name at this length in interleaved rounds; store the ratios."""
     plan = [c for c in plan if c[1] == part]
@@ -186,7 +267,7 @@ def measure(args, model_kw: dict, length: int, part: str, plan: list[tuple], res
         return
     runners = list(dict.fromkeys(runner for c in plan for runner in c[2:4]))
     batch, new_tokens = shapes(args, length, part)
-    models = {}  # one model per (mask, attention): cached and uncached beam search share it
+    models = {}  # one model per (mask, attention): cached and uncached beam search share it, compiled ones do not
     calls = {}
     for runner in runners:
         if (name := model_name(runner)) not in models:
@@ -194,6 +275,19 @@ def measure(args, model_kw: dict, length: int, part: str, plan: list[tuple], res
             if args.profile:
                 label_modules(models[name])
         calls[runner] = workload(runner, models[name], part, batch, length, new_tokens, args)
+    if not args.profile:
+        for runner, call in calls.items():
+            if runner.endswith("+static") and args.device.type == "cpu" and args.compile_backend == "inductor":
+                continue  # inductor's C++ loops are no aten ops: its CPU kernels are not counted
+            results["kernels"][f"L{length}/{part}/{runner}"] = count_kernels(call, part, new_tokens, args.device)
+        for key, _, numerator, denominator, _ in plan:
+            counted = [results["kernels"].get(f"L{length}/{part}/{runner}", {}) for runner in (numerator, denominator)]
+            if not all(counted):
+                continue
+            of = "step" if all("step" in c for c in counted) else "total"  # else generate() per token
+            results["kernel_ratios"][f"L{length}/{key}"] = counted[0][of] / counted[1][of]
+    if args.kernels_only:
+        return
     if args.profile:  # instead of the timing: one profiled call of each runner, after a warm-up call
         args.profile.mkdir(parents=True, exist_ok=True)
         for runner, call in calls.items():
@@ -265,6 +359,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--quick", action="store_true", help="tiny model, lengths 8 and 16: a smoke run")
     add("--out", type=Path, help="JSON: the ratios, every measurement, the options, the machine")
     add("--profile", type=Path, metavar="DIR", help="instead of the timing, profile each runner once into DIR")
+    add("--kernels-only", action="store_true", help="count every runner's kernels, time nothing")
+    add("--compile-backend", default="inductor", help="torch.compile's, for the +static runners")
     args = parser.parse_args(argv)
     args.seq_lens = args.seq_lens or ([8, 16] if args.quick else [20, 64, 256])
     args.repeats = args.repeats or (2 if args.quick else 5)
@@ -280,7 +376,8 @@ def main(argv=None) -> dict:
     command = " ".join(["speed.py", *(sys.argv[1:] if argv is None else argv)])
     results = {"benchmark": "speed", "command": command, "options": vars(args), "machine": machine_info(),
                "expected_ratio_keys": [f"L{length}/{c[0]}" for length in args.seq_lens for c in plan],
-               "ratios": {}, "median_s": {}, "measurements": [], "profile": {}}  # fmt: skip
+               "ratios": {}, "median_s": {}, "measurements": [], "profile": {}, "kernels": {},
+               "kernel_ratios": {}}  # fmt: skip
 
     def save():
         if args.out:
@@ -298,9 +395,13 @@ def main(argv=None) -> dict:
         print(f"stopped by {results['error']}" + (f"; what was measured is in {args.out}" if args.out else ""),
               file=sys.stderr)  # fmt: skip
         raise
-    if not args.profile:  # a profile times no ratio: no table to print
+    if not (args.profile or args.kernels_only):  # they time no ratio: no table to print
         benchmark.Compare(results["measurements"]).print()
         show([results])
+    if kernels := results["kernels"]:
+        rows = [[key, *(f"{c[k]:.0f}" if k in c else "–" for k in KERNEL_COLUMNS)] for key, c in kernels.items()]
+        print(format_table(["L/part/runner", *KERNEL_COLUMNS], rows))
+        print(format_table(["L/ratio", "kernels"], [[k, f"{r:.3f}"] for k, r in results["kernel_ratios"].items()]))
     save()
     return results
 

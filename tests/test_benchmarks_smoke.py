@@ -1,6 +1,6 @@
 """`benchmarks/speed.py --quick` runs end to end and writes every ratio, also for a subset of --variants; a failure
 keeps what was measured; report.py prints its table and draws its figure; `--profile` labels the granularity heads
-and attention modules. No timing is asserted: the ratios of a tiny model on a shared machine say nothing; the
+and attention modules; the kernel counts match a direct profiler count and what the masks add. No timing is asserted: the ratios of a tiny model on a shared machine say nothing; the
 full benchmark and its reading are in docs/speed.md."""
 
 import json
@@ -8,6 +8,10 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from configuration_cdnpg import COPY_MECHANISMS
 
@@ -17,11 +21,11 @@ GATES = COPY_MECHANISMS[1:]  # learned, granularity
 
 def speed(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "speed.py"), "--quick", *flags],
+        [sys.executable, str(ROOT / "benchmarks" / "speed.py"), "--quick", "--compile-backend", "eager", *flags],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=900,  # about a minute on an idle CPU; the compiled static-cache runs take most of it
+        timeout=900,  # about a minute on an idle CPU; dynamo's "eager" backend spares inductor's C++ compilation
     )
 
 
@@ -133,3 +137,56 @@ def test_profile_labels_granularity_heads_and_attention_through_hooks(tmp_path):
             assert ranges == {"cdnpg::CDNPGAttention", "cdnpg::GranularityHead"}, runner
         else:
             assert ranges == {"cdnpg::CDNPGAttention"}, runner  # "none" has no granularity head
+
+
+class DispatchCount(TorchDispatchMode):
+    """A second way to count kernels: the aten ops the dispatcher hands to a backend (below autograd and composite
+    decompositions), less views and allocations."""
+
+    def __init__(self, not_launched: set[str]):
+        super().__init__()
+        self.not_launched, self.ops = not_launched | {"_local_scalar_dense"}, 0  # .item(): no tensor, no kernel
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += not func.is_view and func.overloadpacket.__name__ not in self.not_launched
+        return func(*args, **(kwargs or {}))
+
+
+def test_kernel_counts_match_a_direct_count_and_grow_with_the_masks(tmp_path):
+    """--kernels-only counts every runner's kernels and times nothing. BART's training counts are those of the same
+    model profiled here, and within a few ops of a dispatcher-level count; GA adds kernels to "none", the copy gate
+    to its mask, and a decoding step is a fraction of beam search's per-token count."""
+    out = tmp_path / "k.json"
+    flags = ["--seq-lens", "8", "--parts", "train", "generate", "--gen-variants", "resonance", "--static-variants"]
+    completed = speed(tmp_path, *flags, "--warm-variants", "--copy-variants", "resonance", "--kernels-only", "--out",
+                      str(out))  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["measurements"] == [] and "| L8/train/bart |" in completed.stdout
+    counts = results["kernels"]
+    train = {runner: counts[f"L8/train/{runner}"] for runner in ("none", "resonance", "product", "bart")}
+    assert train["none"]["total"] < train["resonance"]["total"] < train["product"]["total"]
+    assert counts["L8/train/copy-learned:resonance"]["total"] > train["resonance"]["total"]
+    step = {runner: counts[f"L8/generate/{runner}+cache"]["step"] for runner in ("none", "resonance", "bart")}
+    assert step["none"] < step["resonance"] and step["bart"] < counts["L8/generate/bart+cache"]["generate_per_token"]
+    assert results["kernel_ratios"]["L8/train/resonance_vs_none"] > 1
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import speed as bench
+
+    model = bench.build_model("bart", bench.QUICK_MODEL).train()
+    source, labels = (bench.random_ids(model.config, 4, 8, seed, "cpu") for seed in (0, 1))  # speed.py's batch at L 8
+    batch = {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels}
+    model(**batch).loss.backward()  # warm-up
+    model.zero_grad(set_to_none=True)  # as after an optimizer step: the next gradients are stored, not added
+    with profile(activities=[ProfilerActivity.CPU]) as forward:
+        loss = model(**batch).loss
+    with profile(activities=[ProfilerActivity.CPU]) as backward:
+        loss.backward()
+    with DispatchCount(bench.NOT_LAUNCHED) as dispatched:
+        model(**batch)
+    direct = {"forward": bench.kernels(forward.events(), torch.device("cpu")),
+              "backward": bench.kernels(backward.events(), torch.device("cpu"))}  # fmt: skip
+    assert direct == {half: train["bart"][half] for half in direct}
+    # where(x, scalar) is one kernel here, and two ops (the scalar's tensor) for the dispatcher
+    assert abs(dispatched.ops - direct["forward"]) <= 0.05 * direct["forward"]
