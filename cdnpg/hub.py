@@ -180,6 +180,8 @@ def render_model_card(
 ) -> str:
     """The model card (README.md): `model_card.md` filled from the config and the evaluation results. `warm_start`
     names the pretrained checkpoint the model was converted from (`cdnpg convert`, `--init_from`), if any."""
+    import transformers
+
     config = model.config
     config_rows = [
         ("granularity_mask (eq. 9)", config.granularity_mask),
@@ -188,9 +190,15 @@ def render_model_card(
         ("scope_epsilon (eq. 8)", config.scope_epsilon),
         ("layers (encoder + decoder)", f"{config.encoder_layers} + {config.decoder_layers}"),
         ("d_model / heads / FFN", f"{config.d_model} / {config.encoder_attention_heads} / {config.encoder_ffn_dim}"),
+        ("copy_mechanism", getattr(config, "copy_mechanism", None) or "none (no copying)"),
         ("vocabulary", config.vocab_size),
         ("parameters", f"{model.num_parameters():,}"),
     ]
+    excluded = getattr(config, "copy_excluded_token_ids", None)
+    if excluded:  # run.py's --copy_common_tokens N: the N most frequent training tokens
+        config_rows.insert(
+            -2, ("copy_excluded_token_ids (--copy_common_tokens)", f"{len(excluded):,} token ids never copied")
+        )
     layer = getattr(model.generation_config, "novelty_z_layer", None)  # calibrate_granularity's choice, if made
     if layer is not None:
         reading = "1 - z (inverted)" if model.generation_config.novelty_z_inverted else "z as learned"
@@ -208,7 +216,9 @@ def render_model_card(
         max_length=max_length,
         warm_start=warm_start,
         tested_transformers=" and ".join(TESTED_TRANSFORMERS),
-        saved_with=getattr(config, "transformers_version", None),
+        # the card is written with the weights: save_pretrained records the installed release in config.json (a
+        # config made in this process has no transformers_version until then)
+        saved_with=transformers.__version__,
     )
     return f"{card}\n"  # Jinja drops the template's final newline
 

@@ -210,8 +210,24 @@ def test_run_py_with_the_package_installed_from_a_wheel_saves_everything(tmp_pat
     run(docstring_command(files, output), launcher=[WHEEL_PYTHON], script=ROOT / "training" / "run.py", cwd=workdir)
     assert (output / "model.safetensors").is_file() and (output / "modeling_cdnpg.py").is_file()
     assert "mydata/train.jsonl" in (output / "README.md").read_text()
-    assert json.loads((output / "all_results.json").read_text())["test_bleu4"] >= 0
     assert len((output / "predictions.jsonl").read_text().splitlines()) == 8
+    assert_scores_are_those_of_the_predictions(output)
+
+
+def assert_scores_are_those_of_the_predictions(output: Path) -> None:
+    """The test scores in all_results.json are the paper's metrics of predictions.jsonl, recomputed here from its
+    predictions, references and sources: the run scored what it wrote, pair for pair."""
+    from cdnpg.training import load_metric
+
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    recomputed = load_metric().compute(
+        predictions=[row["prediction"] for row in rows],
+        references=[row["reference"] for row in rows],
+        sources=[row["source"] for row in rows],
+    )
+    results = json.loads((output / "all_results.json").read_text())
+    for key in ("bleu4", "ibleu", "ibleu_paper", "rougeL", "meteor", "self_bleu4"):
+        assert results[f"test_{key}"] == pytest.approx(recomputed[key], abs=1e-9), key
 
 
 def logged_losses(output_dir: Path) -> list[float]:
@@ -274,6 +290,7 @@ def test_run_py_writes_a_hub_ready_checkpoint_predictions_and_metrics(tmp_path):
     for key in ("test_bleu4", "test_ibleu", "test_ibleu_paper", "test_rougeL", "test_meteor", "train_loss"):
         assert key in metrics and metrics[key] == metrics[key], key  # present and not NaN
     assert json.loads((output / "test_results.json").read_text())["test_bleu4"] == metrics["test_bleu4"]
+    assert_scores_are_those_of_the_predictions(output)
     config = json.loads((output / "config.json").read_text())
     assert config["granularity_mask"] == "resonance" and "custom_pipelines" in config and config["use_cache"]
     generation = json.loads((output / "generation_config.json").read_text())
@@ -522,11 +539,8 @@ def test_ctrl_c_names_the_last_checkpoint_and_the_resume_command_in_one_line(tmp
 def test_a_data_file_without_the_named_column_is_one_error_line_naming_it_and_the_flags(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text('{"question": "how do i learn ?", "target": "how can i learn ?"}\n' * 4)
-    result = run(
-        ["--train_file", str(data), "--output_dir", str(tmp_path / "out"), "--do_train", "--max_steps", "1"],
-        script=ROOT / "training" / "run.py",
-        check=False,
-    )
+    argv = ["--train_file", str(data), "--output_dir", str(tmp_path / "out"), "--do_train", "--max_steps", "1"]
+    result = run([*argv, "--do_eval", "false"], script=ROOT / "training" / "run.py", check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     (line,) = [line for line in result.stderr.splitlines() if "error" in line]
     assert line.startswith("run.py: error: column 'source' not found in any line of")

@@ -8,7 +8,8 @@
     # several GPUs (DDP); on CPU add --use_cpu (the gloo backend)
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 training/run.py ...
 
-Arguments come from the command line, or a JSON / YAML file given first (later flags override it). Every
+Arguments come from the command line, or a JSON / YAML file given first (later flags override it); a flag or key is
+taken by its full name only, and every one is checked before any data is read. Every
 `Seq2SeqTrainingArguments` option works; defaults follow the paper's recipe (Section 4.2): the paper's model
 (`CDNPGConfig`'s defaults), AdamW, lr 5e-5, linear schedule with 5,000 warm-up steps, batch 32, sentences truncated
 to 20 tokens, beam 8, model selection by validation loss. Data files select themselves (`--train_file`: your files,

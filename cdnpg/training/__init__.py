@@ -2,11 +2,13 @@
 functions.
 
 - `arguments`: `ModelArguments` (architecture flags default to CDNPGConfig's, the paper's), `DataArguments` (the data
-  source is inferred from the data flags), `CDNPGTrainingArguments` (the paper's recipe), `parse_args`;
+  source is inferred from the data flags), `CDNPGTrainingArguments` (the paper's recipe), `parse_args` (full flag
+  names only), `check_arguments` (what the flags must agree on before any data is read);
 - `pipeline`: `main`, what run.py does, top to bottom: parse, check, output folder, data, model, Trainer, then train,
   save, evaluate, predict and score (`train_and_score`), write the card, push;
 - `checks`: the launch and the hardware (processes launched together, --bf16 on a CPU that emulates it);
-- `output_dir`: the run's folder (refused when not empty, resumed, replaced) and the errors that say where the model is;
+- `output_dir`: the run's folder (refused when not empty, resumed, replaced; left as found by a run that fails before
+  training) and the errors that say where the model is;
 - `data`: pairs, tokenizer and features (`prepare_data`);
 - `model`: the model to train (`build_model`) and the calibration of z after training;
 - `trainer`: `CDNPGTrainer` (optimizer groups, decoding defaults, the card, the DDP / FSDP workarounds), `make_trainer`;
@@ -24,7 +26,10 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "arguments": ("DATASETS", "CDNPGTrainingArguments", "DataArguments", "ModelArguments", "UsageError", "parse_args"),
+    "arguments": (
+        "DATASETS", "CDNPGTrainingArguments", "DataArguments", "ModelArguments", "UsageError", "check_arguments",
+        "parse_args",
+    ),
     "baselines": ("bart_config_like", "bart_like", "bert2bert"),
     "entry": ("cli",),
     "checks": ("check_bf16_on_cpu",),

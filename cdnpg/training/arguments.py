@@ -4,9 +4,12 @@ Architecture flags default to None, which means "CDNPGConfig's default" (the pap
 live in one place. The data source is inferred from the data flags; flags of two different sources are an error.
 """
 
+import difflib
 import json
+import logging
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -15,6 +18,7 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 from cdnpg.hub import resolve_model_source
 from configuration_cdnpg import GRANULARITY_MASK_MODES, GRANULARITY_MASKS, CDNPGConfig
 
+logger = logging.getLogger("cdnpg.training")
 PAPER = CDNPGConfig()  # the defaults shown in --help
 DATASETS = ("template", "files", "quora_raw", "twitter_url_raw", "hub")
 SOURCE_FLAGS = {  # the flags that belong to one data source: giving any of them selects it
@@ -292,28 +296,101 @@ class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
-            "help": "Replace an earlier run in output_dir: every file of it is removed first. Without it a non-empty "
-            "output_dir is refused, unless --resume_from_checkpoint continues the run there."
+            "help": "Replace an earlier run in output_dir: every file of it is removed when training starts (a run "
+            "that fails before keeps it). Without it a non-empty output_dir is refused, unless "
+            "--resume_from_checkpoint continues the run there."
         },
     )
+
+
+def configure_logging() -> None:
+    """The run's log format on stderr, set before the flags are parsed: parsing logs what it infers from them."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    logger.setLevel(logging.INFO)
+
+
+class ArgumentParser(HfArgumentParser):
+    """`HfArgumentParser` that takes a flag only by its full name and reports a wrong one as a `UsageError`.
+
+    argparse completes a prefix by default (`allow_abbrev`): `max_step: 10` in a recipe trained 10 steps as
+    `max_steps`, and a typo that happened to be a prefix became another setting without a word."""
+
+    def __init__(self, dataclass_types: Sequence[type]):
+        super().__init__(dataclass_types, allow_abbrev=False)
+        self.names = [f.name for dtype in dataclass_types for f in fields(dtype) if f.init]
+
+    def error(self, message: str) -> None:  # argparse's hook: it would print the whole usage and exit
+        raise UsageError(message)
+
+    def nearest(self, name: str) -> str | None:
+        """The real flag closest to a wrong one (difflib's ratio), if any is close."""
+        return next(iter(difflib.get_close_matches(name.lstrip("-").replace("-", "_"), self.names, n=1)), None)
+
+    def check_known(self, argv: list[str], source: str | None = None) -> None:
+        """Refuse a flag (or, from an argument file, a key) that is not exactly one of the parser's, naming the
+        nearest real one."""
+        _, unknown = self.parse_known_args(argv)
+        for token in unknown:
+            if token.startswith("-"):
+                name = token.split("=", 1)[0]
+                nearest = self.nearest(name)
+                what = f"unknown key {name.lstrip('-')!r} in {source}" if source else f"unknown flag {name}"
+                hint = (f"did you mean {nearest!r}?" if source else f"did you mean --{nearest}?") if nearest else ""
+                raise UsageError(f"{what}; {hint or 'python training/run.py --help lists every flag'}")
+        if unknown:
+            raise UsageError(f"unexpected value {unknown[0]!r}{f' in {source}' if source else ''}: give it to a flag")
+
+
+def file_arguments(path: Path) -> list[str]:
+    """The flags a JSON / YAML argument file stands for, in its order: `key: value` is `--key value`."""
+    if not path.is_file():
+        raise UsageError(f"argument file {path} does not exist")
+    values = yaml.safe_load(path.read_text()) if path.suffix != ".json" else json.loads(path.read_text())
+    if values is not None and not isinstance(values, dict):
+        raise UsageError(f"argument file {path}: expected `flag: value` lines, got a {type(values).__name__}")
+    argv = []
+    for key, value in (values or {}).items():
+        argv += [f"--{key}", *map(str, value if isinstance(value, list) else [value])]
+    return argv
+
+
+def no_accelerator() -> bool:
+    """No GPU (or other accelerator) that transformers would train on here."""
+    import torch
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+    return not (torch.cuda.is_available() or is_torch_bf16_gpu_available() or is_torch_xla_available())
 
 
 def parse_args(
     argv: list[str] | None = None,
 ) -> tuple[ModelArguments, DataArguments, CDNPGTrainingArguments]:
     """Flags, or a JSON / YAML file given first whose values act as flags placed before the others (which override
-    them). A wrong value raises `UsageError` naming it."""
+    them). A wrong value, or a flag or key that is not exactly one of the flags, raises `UsageError` naming it.
+
+    Two settings are read as a user means them rather than as TrainingArguments would: `--do_eval false` evaluates
+    nowhere (TrainingArguments turns do_eval back on whenever eval_strategy is not "no", the recipe's default), and
+    `--bf16` on a machine without a GPU trains on the CPU (TrainingArguments asks for `--use_cpu true` there)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = ArgumentParser((ModelArguments, DataArguments, CDNPGTrainingArguments))
+    from_file = []
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
         path = Path(argv.pop(0))
-        if not path.is_file():
-            raise UsageError(f"argument file {path} does not exist")
-        values = yaml.safe_load(path.read_text()) if path.suffix != ".json" else json.loads(path.read_text())
-        from_file = []
-        for key, value in (values or {}).items():
-            from_file += [f"--{key}", *map(str, value if isinstance(value, list) else [value])]
-        argv = from_file + argv
-    parser = HfArgumentParser((ModelArguments, DataArguments, CDNPGTrainingArguments))
+        from_file = file_arguments(path)
+        parser.check_known(from_file, source=str(path))
+    parser.check_known(argv)
+    argv = from_file + argv
+    parser.set_defaults(do_eval=None)  # tells `--do_eval false` from a do_eval left out
+    given, _ = parser.parse_known_args(argv)
+    parser.set_defaults(do_eval=False)
+    if given.do_eval is False:
+        if given.early_stopping_patience:
+            raise UsageError("--early_stopping_patience stops on the validation loss, which --do_eval false skips")
+        logger.info("--do_eval false: no evaluation during or after training; the model of the last step is kept")
+        argv += ["--eval_strategy", "no", "--load_best_model_at_end", "false"]
+    if given.bf16 and not given.use_cpu and no_accelerator():
+        logger.info("--bf16 without a GPU: training on the CPU (--use_cpu true)")
+        argv += ["--use_cpu", "true"]
     try:
         return parser.parse_args_into_dataclasses(args=argv)
     except UsageError:
@@ -336,12 +413,39 @@ def check_stages(model_args: ModelArguments, training_args: CDNPGTrainingArgumen
         )
 
 
+def check_arguments(
+    model_args: ModelArguments, data_args: DataArguments, training_args: CDNPGTrainingArguments
+) -> None:
+    """What the flags must agree on before any data is read: the stages (`check_stages`), the data files exist and,
+    for pair files, the split each stage reads is given. Without a validation file an evaluating run stopped at its
+    first evaluation with a traceback, after the data and tokenizer work; without a test file --do_predict was
+    skipped."""
+    check_stages(model_args, training_args)
+    for flag in ("train_file", "validation_file", "test_file", "quora_file", "twitter_train_file"):
+        if getattr(data_args, flag) and not Path(getattr(data_args, flag)).is_file():
+            raise UsageError(f"--{flag} {getattr(data_args, flag)}: no such file")
+    for path in data_args.twitter_test_files or ():
+        if not Path(path).is_file():
+            raise UsageError(f"--twitter_test_files {path}: no such file")
+    if data_args.dataset != "files":
+        return
+    if training_args.do_eval and not data_args.validation_file:
+        strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
+        raise UsageError(
+            f"no --validation_file: this run evaluates (do_eval, eval_strategy {strategy}; the model is selected by "
+            "validation loss). Give --validation_file, or --do_eval false to train without evaluation"
+        )
+    if training_args.do_predict and not data_args.test_file:
+        raise UsageError("--do_predict needs --test_file: the test pairs to generate for and score")
+
+
 __all__ = [
     "DATASETS",
     "CDNPGTrainingArguments",
     "DataArguments",
     "ModelArguments",
     "UsageError",
+    "check_arguments",
     "check_stages",
     "parse_args",
 ]

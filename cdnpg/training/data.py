@@ -52,6 +52,7 @@ def load_pairs(args: DataArguments) -> datasets.DatasetDict:
         corpus = datasets.load_dataset(args.dataset_name)
         corpus = corpus.rename_columns({args.source_column: "source", args.target_column: "target"})
     corpus = datasets.DatasetDict({("validation" if k == "valid" else k): v for k, v in corpus.items()})
+    check_not_empty(corpus, args)
     limits = {"train": args.max_train_samples, "validation": args.max_eval_samples, "test": args.max_predict_samples}
     for split, limit in limits.items():
         if limit is not None and split in corpus:
@@ -70,6 +71,25 @@ def load_pairs(args: DataArguments) -> datasets.DatasetDict:
     if args.both_directions and "train" in corpus:
         corpus["train"] = both_directions(corpus["train"])
     return corpus
+
+
+def check_not_empty(corpus: datasets.DatasetDict, args: DataArguments) -> None:
+    """Every split holds a pair: an empty one failed only after the tokenizer was trained, with a 36-line traceback
+    (the Trainer's "No columns in the dataset match the model's forward method signature")."""
+    origin = {
+        "files": {"train": "--train_file", "validation": "--validation_file", "test": "--test_file"},
+        "quora_raw": dict.fromkeys(("train", "validation", "test"), "--quora_file"),
+        "twitter_url_raw": {"train": "--twitter_train_file", "test": "--twitter_test_files"},
+    }.get(args.dataset, {})
+    for split, rows in corpus.items():
+        if len(rows):
+            continue
+        flag = origin.get(split)
+        value = getattr(args, flag.removeprefix("--")) if flag else None
+        named = (
+            f"{flag} {' '.join(value) if isinstance(value, list) else value}" if flag else f"--dataset {args.dataset}"
+        )
+        raise UsageError(f"{named}: no usable pair in the {split} split (an empty file, or no line with both columns)")
 
 
 def data_name(args: DataArguments) -> str:
@@ -107,6 +127,9 @@ def prepare_data(
     with training_args.main_process_first(desc="data preparation"):
         corpus = load_pairs(data_args)
         logger.info("Splits: %s", {split: len(rows) for split, rows in corpus.items()})
+        for stage, split in (("do_train", "train"), ("do_eval", "validation"), ("do_predict", "test")):
+            if getattr(training_args, stage) and split not in corpus:  # a Hub dataset without it, say
+                raise UsageError(f"--{stage}: the data has no {split} split (splits: {', '.join(corpus)})")
         tokenizer_dir = Path(training_args.output_dir) / "tokenizer"
         if model_args.tokenizer_name or model_args.model_name_or_path or model_args.init_from:
             tokenizer = load_tokenizer(

@@ -1,5 +1,7 @@
 """`training/run.py`'s command line: the model flags are checked before torch and transformers are imported
-(seconds of imports), so that `--model_name_or_path runs/nonexistent` fails at once, naming the flag; then `main`."""
+(seconds of imports), so that `--model_name_or_path runs/nonexistent` fails at once, naming the flag; then every flag
+is parsed and checked before the training pipeline's imports (datasets, evaluate: seconds more) and any data work;
+then `main`."""
 
 import json
 import os
@@ -44,16 +46,24 @@ def cli(argv: list[str] | None = None) -> None:
         except FileNotFoundError as error:
             raise SystemExit(f"{program}: error: --{flag} {error}") from None
 
+    from cdnpg.training.arguments import UsageError, check_arguments, configure_logging, parse_args
+
+    configure_logging()
+    try:
+        arguments = parse_args(argv)
+        check_arguments(*arguments)
+    except UsageError as error:
+        raise SystemExit(f"{program}: error: {error}") from None
+
     from cdnpg.data import DataFileError
-    from cdnpg.training.arguments import UsageError
     from cdnpg.training.output_dir import PostTrainingError, TrainingInterrupted
     from cdnpg.training.pipeline import main
 
     try:
-        main(argv)
+        main(argv, arguments=arguments)
     except (UsageError, FileNotFoundError, DataFileError, PostTrainingError) as error:
         raise SystemExit(f"{program}: error: {error}") from None
     except TrainingInterrupted as stop:  # every process of a launch gets the signal: one line, from the first
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"{program}: {stop}", file=sys.stderr)
+            print(f"{chr(10) if stop.progress_bar else ''}{program}: {stop}", file=sys.stderr)
         raise SystemExit(130) from None  # 128 + SIGINT, as the shell reports an interrupted command

@@ -11,7 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from cdnpg.convert import convert
 from cdnpg.data import model_token_ids
-from cdnpg.training.arguments import ModelArguments
+from cdnpg.training.arguments import ModelArguments, UsageError
 from cdnpg.training.trainer import fsdp_root_unsharded
 from configuration_cdnpg import CDNPGConfig
 from modeling_cdnpg import CDNPGForConditionalGeneration
@@ -26,13 +26,24 @@ def build_config(args: ModelArguments, tokenizer: PreTrainedTokenizerBase, **fie
     return CDNPGConfig(**model_token_ids(tokenizer), **args.config_overrides(), **fields)
 
 
+def load_checkpoint(name_or_path: str) -> CDNPGForConditionalGeneration:
+    """The C-DNPG checkpoint to fine-tune or evaluate. One that does not load (weights truncated or corrupt, a
+    config it cannot read) is a `UsageError` naming the flag and transformers' reason in one line, as `cdnpg`'s
+    `--model` reports it (`cdnpg.commands.load_model`)."""
+    try:
+        return CDNPGForConditionalGeneration.from_pretrained(name_or_path)
+    except (OSError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"--model_name_or_path {name_or_path}: cannot load it: {reason}") from error
+
+
 def build_model(
     args: ModelArguments, tokenizer: PreTrainedTokenizerBase, train_features: datasets.Dataset | None = None
 ) -> CDNPGForConditionalGeneration:
     """The checkpoint to fine-tune, the pretrained one converted (warm start), or a new model; a new or converted
     model with `--copy_common_tokens` never copies the training features' most frequent tokens."""
     if args.model_name_or_path:
-        return CDNPGForConditionalGeneration.from_pretrained(args.model_name_or_path)
+        return load_checkpoint(args.model_name_or_path)
     overrides = {}
     if args.copy_common_tokens:
         if train_features is None:

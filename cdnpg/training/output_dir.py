@@ -1,13 +1,15 @@
 """The run's folder: transformers' output_dir convention (refuse a non-empty one unless the run resumes or replaces
-it), the checkpoint a resumed run continues from, and the errors that say where the model is when a run stops early:
-Ctrl-C (`TrainingInterrupted`) or a failure after the save (`PostTrainingError`)."""
+it), left as the run found it when the run fails before training, the checkpoint a resumed run continues from, and
+the errors that say where the model is when a run stops early: Ctrl-C (`TrainingInterrupted`) or a failure after the
+save (`PostTrainingError`)."""
 
 import logging
 import os
 import shlex
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,9 +44,12 @@ def last_complete_checkpoint(folder: Path) -> str | None:
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run: the message names the last checkpoint and how to resume from it."""
+    """Ctrl-C during a run: the message names the last checkpoint and how to resume from it. `progress_bar`: a
+    progress bar may be drawn on the current line of stderr (tqdm leaves the cursor after it), so the message must
+    start a line of its own."""
 
-    def __init__(self, output_dir: str, argv: Sequence[str]):
+    def __init__(self, output_dir: str, argv: Sequence[str], progress_bar: bool = False):
+        self.progress_bar = progress_bar
         folder = Path(output_dir)
         last = last_complete_checkpoint(folder)
         if last is None:
@@ -90,11 +95,10 @@ def check_resumable(checkpoint: str) -> None:
         )
 
 
-def prepare_output_dir(args: CDNPGTrainingArguments, inputs: Sequence[str | None] = ()) -> None:
+def check_output_dir(args: CDNPGTrainingArguments, inputs: Sequence[str | None] = ()) -> None:
     """transformers' convention: a non-empty output_dir is refused unless the run continues (--resume_from_checkpoint)
     or replaces (--overwrite_output_dir) the one there, so nothing of an earlier run is silently reused or mixed in.
-    Replacing removes every file of the earlier run; resuming keeps its checkpoints and tokenizer and removes its
-    results (predictions, metrics, card), which the resumed run writes anew."""
+    Checks only: nothing is changed."""
     if args.resume_from_checkpoint:
         check_resumable(args.resume_from_checkpoint)
     folder = Path(args.output_dir)
@@ -116,13 +120,64 @@ def prepare_output_dir(args: CDNPGTrainingArguments, inputs: Sequence[str | None
             f"--output_dir {folder} holds files but no training run (none of {', '.join(RUN_FILES)}); "
             "--overwrite_output_dir removes only an earlier run's folder: choose another --output_dir"
         )
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+@contextmanager
+def prepared_output_dir(
+    args: CDNPGTrainingArguments, inputs: Sequence[str | None] = ()
+) -> Iterator[Callable[[], None]]:
+    """The run's folder, checked (`check_output_dir`); the body prepares the run (data, tokenizer, model, Trainer)
+    and calls the function it is given just before training. Until then the run may fail (an empty data file, a
+    model that does not load, Ctrl-C) and the folder is put back as the run found it: a rerun with the input fixed
+    is not refused for the tokenizer the failed run left, and --overwrite_output_dir keeps the earlier run until the
+    new one trains (its files wait in a folder beside it). At the start of training the earlier run is removed
+    (replacing), or its results are (resuming: predictions, metrics and card are written anew)."""
+    check_output_dir(args, inputs)
+    folder = Path(args.output_dir)
+    existed = folder.is_dir()
+    found = {path.name for path in folder.iterdir()} if existed else set()
+    replacing = bool(found) and args.overwrite_output_dir and not args.resume_from_checkpoint
+    main_process = args.process_index == 0
+    aside: Path | None = None
     PartialState().wait_for_everyone()  # every process has looked before the main one changes anything
-    if entries and args.process_index == 0:
-        if args.overwrite_output_dir and not args.resume_from_checkpoint:
-            logger.info("Removing the earlier run in %s (--overwrite_output_dir)", folder)
-            doomed = entries
-        else:
-            doomed = [folder / name for name in RESULT_FILES if (folder / name).exists()]
-        for path in doomed:
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    if replacing and main_process:  # entry by entry: the folder itself may be the working directory
+        aside = Path(tempfile.mkdtemp(prefix=f".{folder.resolve().name}.replaced-", dir=folder.resolve().parent))
+        for name in found:
+            os.replace(folder / name, aside / name)
     PartialState().wait_for_everyone()
+    started = False
+
+    def start_training() -> None:
+        nonlocal started
+        PartialState().wait_for_everyone()
+        if aside is not None:
+            logger.info("Removing the earlier run in %s (--overwrite_output_dir)", folder)
+            shutil.rmtree(aside)
+        elif found and main_process:
+            for name in RESULT_FILES:
+                if name in found and (folder / name).exists():
+                    _remove(folder / name)
+        started = True
+        PartialState().wait_for_everyone()
+
+    try:
+        yield start_training
+    except BaseException:
+        if not started and main_process:  # the other processes fail alike, or wait for the main one in vain
+            if aside is not None:
+                for path in folder.iterdir():
+                    _remove(path)
+                for name in found:
+                    os.replace(aside / name, folder / name)
+                aside.rmdir()
+            elif not existed:
+                shutil.rmtree(folder, ignore_errors=True)
+            elif folder.is_dir():
+                for path in folder.iterdir():
+                    if path.name not in found:
+                        _remove(path)
+        raise

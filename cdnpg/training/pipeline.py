@@ -1,7 +1,9 @@
-"""What `training/run.py` does (`main`), in order: parse the flags, check the launch, prepare the output folder, data
-and tokenizer, model, `CDNPGTrainer`, then train, save, evaluate, generate and score, so that the weights are on disk
-before anything that could fail after training (evaluation, scoring, the model card, the push) runs. Each step is a
-module of its own (`data`, `model`, `trainer`, `scoring`, `output_dir`, `checks`); the benchmarks reuse them."""
+"""What `training/run.py` does (`main`), in order: parse and check the flags, check the launch, prepare the output
+folder, load the checkpoint to fine-tune, data and tokenizer, model, `CDNPGTrainer`, then train, save, evaluate,
+generate and score, so that every mistake of the user's stops the run before any data work, a failure before training
+leaves the output folder as it was, and the weights are on disk before anything that could fail after training
+(evaluation, scoring, the model card, the push) runs. Each step is a module of its own (`data`, `model`, `trainer`,
+`scoring`, `output_dir`, `checks`); the benchmarks reuse them."""
 
 import logging
 import sys
@@ -14,28 +16,45 @@ import transformers
 from transformers import EarlyStoppingCallback, Seq2SeqTrainer, TrainerCallback, set_seed
 
 from cdnpg.hub import checkpoint_name
-from cdnpg.training.arguments import CDNPGTrainingArguments, DataArguments, ModelArguments, check_stages, parse_args
+from cdnpg.training.arguments import (
+    CDNPGTrainingArguments,
+    DataArguments,
+    ModelArguments,
+    check_arguments,
+    configure_logging,
+    parse_args,
+)
 from cdnpg.training.checks import check_bf16_on_cpu, check_distributed_launch
 from cdnpg.training.data import data_name, prepare_data
-from cdnpg.training.model import build_model, calibrate
-from cdnpg.training.output_dir import TrainingInterrupted, model_kept_on_failure, prepare_output_dir
+from cdnpg.training.model import build_model, calibrate, load_checkpoint
+from cdnpg.training.output_dir import TrainingInterrupted, model_kept_on_failure, prepared_output_dir
 from cdnpg.training.paraphrase_metrics import common_words
 from cdnpg.training.scoring import load_metric, predict, record, score, training_summary, write_predictions
 from cdnpg.training.trainer import decoding_config, make_trainer, report_strategy
 
 logger = logging.getLogger("cdnpg.training")
 CALIBRATION_TEXTS = 2000  # training sources that calibrate_granularity reads (word frequencies and z): seconds
+Arguments = tuple[ModelArguments, DataArguments, CDNPGTrainingArguments]
 
 
-def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, float]:
-    """`training/run.py`: parse the flags (or a JSON / YAML file), train, save, score, write the card, push. Ctrl-C
-    raises `TrainingInterrupted`, which names the checkpoint to resume from."""
+def main(
+    argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (), arguments: Arguments | None = None
+) -> dict[str, float]:
+    """`training/run.py`: parse and check the flags (or a JSON / YAML file; `arguments`: already parsed and checked
+    from `argv`), train, save, score, write the card, push. Ctrl-C raises `TrainingInterrupted`, which names the
+    checkpoint to resume from."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    model_args, data_args, training_args = parse_args(argv)
+    if arguments is None:
+        configure_logging()
+        arguments = parse_args(argv)
+        check_arguments(*arguments)
+    model_args, data_args, training_args = arguments
     try:
         return run(model_args, data_args, training_args, callbacks)
     except KeyboardInterrupt:
-        raise TrainingInterrupted(training_args.output_dir, argv) from None
+        raise TrainingInterrupted(
+            training_args.output_dir, argv, progress_bar=not training_args.disable_tqdm
+        ) from None
 
 
 def run(
@@ -44,45 +63,47 @@ def run(
     training_args: CDNPGTrainingArguments,
     callbacks: Sequence[TrainerCallback] = (),
 ) -> dict[str, float]:
-    """`main` after parsing the flags."""
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    """`main` after parsing and checking the flags."""
+    configure_logging()
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     logger.setLevel(training_args.get_process_log_level())
-    check_stages(model_args, training_args)
     check_distributed_launch(training_args)
     check_bf16_on_cpu(training_args)
-    prepare_output_dir(
-        training_args,
-        inputs=[
-            model_args.model_name_or_path, model_args.init_from, model_args.tokenizer_name, data_args.train_file,
-            data_args.validation_file, data_args.test_file, data_args.quora_file, data_args.twitter_train_file,
-        ],
-    )  # fmt: skip
-    metric = load_metric() if training_args.do_predict else None
-    set_seed(training_args.seed)
+    inputs = [
+        model_args.model_name_or_path, model_args.init_from, model_args.tokenizer_name, data_args.train_file,
+        data_args.validation_file, data_args.test_file, data_args.quora_file, data_args.twitter_train_file,
+    ]  # fmt: skip
+    with prepared_output_dir(training_args, inputs) as start_training:
+        # a checkpoint that does not load (truncated, corrupt) fails here, before any data work
+        checkpoint = load_checkpoint(model_args.model_name_or_path) if model_args.model_name_or_path else None
+        metric = load_metric() if training_args.do_predict else None
+        set_seed(training_args.seed)
 
-    corpus, tokenizer, features = prepare_data(model_args, data_args, training_args)
-    model = build_model(model_args, tokenizer, features.get("train"))
-    logger.info("C-DNPG (%s): %s parameters", model.config.granularity_mask, f"{model.num_parameters():,}")
-    callbacks = list(callbacks)
-    if data_args.early_stopping_patience:
-        callbacks.append(EarlyStoppingCallback(data_args.early_stopping_patience))
-    trainer = make_trainer(model, tokenizer, features, training_args, data_args.max_target_length, callbacks)
-    report_strategy(trainer)
+        corpus, tokenizer, features = prepare_data(model_args, data_args, training_args)
+        model = checkpoint or build_model(model_args, tokenizer, features.get("train"))
+        logger.info("C-DNPG (%s): %s parameters", model.config.granularity_mask, f"{model.num_parameters():,}")
+        callbacks = list(callbacks)
+        if data_args.early_stopping_patience:
+            callbacks.append(EarlyStoppingCallback(data_args.early_stopping_patience))
+        trainer = make_trainer(model, tokenizer, features, training_args, data_args.max_target_length, callbacks)
+        report_strategy(trainer)
+        start_training()
 
-    metrics = train_and_score(trainer, corpus, features, metric, data_args.max_target_length)
-    output_dir = training_args.output_dir
-    with model_kept_on_failure(output_dir, "writing the model card"):
-        trainer.write_model_card(
-            metrics={k.removeprefix("test_"): v for k, v in metrics.items() if k.startswith("test_")},
-            dataset=data_name(data_args),
-            training_summary=training_summary(trainer, data_name(data_args), corpus, metrics),
-            max_length=data_args.max_source_length,
-            warm_start=checkpoint_name(model_args.init_from) if model_args.init_from else None,
-        )
-    if training_args.push_to_hub:
-        with model_kept_on_failure(output_dir, "the push to the Hub"):
-            trainer.push_to_hub(commit_message="C-DNPG checkpoint")
+        metrics = train_and_score(trainer, corpus, features, metric, data_args.max_target_length)
+        output_dir = training_args.output_dir
+        with model_kept_on_failure(output_dir, "writing the model card"):
+            trainer.write_model_card(
+                metrics={k.removeprefix("test_"): v for k, v in metrics.items() if k.startswith("test_")},
+                dataset=data_name(data_args),
+                training_summary=training_summary(
+                    trainer, data_name(data_args), corpus, metrics, both_directions=data_args.both_directions
+                ),
+                max_length=data_args.max_source_length,
+                warm_start=checkpoint_name(model_args.init_from) if model_args.init_from else None,
+            )
+        if training_args.push_to_hub:
+            with model_kept_on_failure(output_dir, "the push to the Hub"):
+                trainer.push_to_hub(commit_message="C-DNPG checkpoint")
     return metrics
 
 
@@ -107,7 +128,7 @@ def train_and_score(
     if args.do_train:
         calibrate(trainer.model, trainer.processing_class, corpus["train"]["source"][:CALIBRATION_TEXTS])
     trainer.save_model()
-    if "validation" in features and (args.do_eval or args.do_train):
+    if "validation" in features and args.do_eval:
         with model_kept_on_failure(output_dir, "evaluation on the validation split"):
             record(trainer, "eval", trainer.evaluate(features["validation"], metric_key_prefix="eval"), metrics)
     if args.do_predict and "test" in features:

@@ -63,20 +63,28 @@ def record(trainer: Seq2SeqTrainer, split: str, new: dict[str, float], metrics: 
 
 
 def training_summary(
-    trainer: Seq2SeqTrainer, data: str, corpus: datasets.DatasetDict, metrics: dict[str, float]
+    trainer: Seq2SeqTrainer,
+    data: str,
+    corpus: datasets.DatasetDict,
+    metrics: dict[str, float],
+    both_directions: bool = False,
 ) -> str:
-    """The model card's account of the data, the recipe and which model was kept."""
+    """The model card's account of the data, the recipe and which model was kept. `both_directions`: the training
+    split holds every pair and its reverse (run.py's --both_directions), which its size alone does not say."""
     args, state = trainer.args, trainer.state
-    splits = ", ".join(f"{len(rows):,} {split}" for split, rows in corpus.items())
+    sizes = {split: f"{len(rows):,} {split}" for split, rows in corpus.items()}
+    if both_directions and "train" in corpus:
+        sizes["train"] += " (each pair also reversed: --both_directions)"
+    splits = ", ".join(sizes.values())
     if args.load_best_model_at_end and state.best_metric is not None:
         selection = f"the checkpoint with the best validation {args.metric_for_best_model} ({state.best_metric:.4f})"
     else:
         selection = f"the model of the last step ({state.global_step})"
     if "eval_loss" in metrics:
         selection += f", validation loss {metrics['eval_loss']:.4f}"
+    devices = f"{args.world_size} device{'s' if args.world_size > 1 else ''}"
     return (
         f"{data} ({splits} pairs); AdamW lr {args.learning_rate}, {args.lr_scheduler_type.value} schedule, "
         f"{args.warmup_steps:g} warm-up steps, batch {args.per_device_train_batch_size} per device x "
-        f"{args.world_size} devices ({distributed_strategy(trainer.accelerator)}), {state.global_step} steps; kept "
-        f"{selection}."
+        f"{devices} ({distributed_strategy(trainer.accelerator)}), {state.global_step} steps; kept {selection}."
     )
