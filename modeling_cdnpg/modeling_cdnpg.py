@@ -25,6 +25,12 @@ Deliberate differences from the released code, each covered by a test:
 - A keyword argument the model does not use is an error (`refuse_unused`), never dropped: a renamed argument of a
   later transformers fails loudly instead of decoding without it.
 
+Eqs. 6-9 and the log bias run as one autograd node per attention module (`GranularityBias`), whose gradient with
+respect to z is written out: a fraction of the kernels autograd runs through the elementwise formula. The paper-named
+functions (`resonance_mask`, `scope_mask`, `granularity_mask`) are its specification, which the tests compare it to in
+value and gradient, and what flex attention and the literal eq. 9 run. A training step or a cached decoding step
+reads no tensor on the host (a sync on a GPU); only `token_type_ids`, when given, are checked for segment 1.
+
 Shape legend: b batch, h heads, i query positions, j key positions, d model width.
 Supported: transformers 4.57.x and 5.x. This file is copied into every saved checkpoint (remote code), so it imports
 only torch, transformers (and safetensors, which transformers requires) and its sibling configuration file.
@@ -33,7 +39,7 @@ only torch, transformers (and safetensors, which transformers requires) and its 
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -173,6 +179,82 @@ def granularity_mask(
     return resonance * scope if kind == "product" else (resonance + scope) / 2
 
 
+class GranularityBias(torch.autograd.Function):
+    """GA-attention's additive mask in one autograd node: log(max(M, 1e-32)) of eqs. 6-9 where a key is visible,
+    the dtype's minimum where it is blocked, and its gradient with respect to z written out by hand.
+
+    The values of `granularity_mask` and `attention_bias` (the readable spec, against which the tests check value and
+    gradient), in fewer kernels: autograd through the elementwise formula runs about 20 kernels forward and 50
+    backward per attention module (issue 39), mostly broadcast reductions, one per term that mixes a (b, i) and a
+    (b, i, j) operand. Here the backward reuses the forward's terms and reduces over keys and over queries once
+    each. At the kinks it follows torch's convention for clamp: the gradient passes at the bounds.
+
+    z_query (b, i), z_key (b, j) or None for the queries' own z (self-attention without a cache: torch.compile
+    traces no Function given the same tensor twice); for the scope mask, base = max(N - eps, tiny) (b, i, 1) and
+    offset = |i - j| - eps (i, j) (`AttentionLayout.scope_terms`); blocked (b, 1, i or 1, j) bool or None -> bias
+    (b, 1, i, j) in `dtype`.
+    """
+
+    @staticmethod
+    def forward(ctx, z_query, z_key, kind, base, offset, blocked, dtype):
+        ctx.own_keys = z_key is None
+        z_i, z_j = z_query[:, :, None], (z_query if z_key is None else z_key)[:, None, :]  # (b, i, 1), (b, 1, j)
+        one_minus_z_i = 1 - z_i  # once, for both masks
+        below = above = relu_below = min_above = resonance = power = reach = scope = None
+        if kind != "scope":  # eq. 6: (1 - z_i) max(0, 1 - z_i - z_j) + z_i min(1, 1 - z_i + z_j)
+            below, above = one_minus_z_i - z_j, one_minus_z_i + z_j  # (b, i, j)
+            relu_below, min_above = below.clamp(min=0), above.clamp(max=1)
+            resonance = torch.addcmul(one_minus_z_i * relu_below, z_i, min_above)
+        if kind != "resonance":  # eq. 8: clamp((N - eps)^(1 - z_i) + eps - |i - j|, 0, 1)
+            power = base.pow(one_minus_z_i)  # (b, i, 1)
+            reach = power - offset  # (b, i, j)
+            scope = reach.clamp(0, 1)
+        if kind == "product":
+            mask = resonance * scope
+        elif kind == "mean":
+            mask = (resonance + scope).mul_(0.5)
+        else:
+            mask = resonance if scope is None else scope
+        clamped = mask.clamp(min=MASK_FLOOR)
+        bias = clamped.log()[:, None].to(dtype)  # (b, 1, i, j)
+        if blocked is not None:
+            bias = bias.masked_fill_(blocked, torch.finfo(dtype).min)
+        ctx.kind = kind
+        terms = (below, above, relu_below, min_above, resonance, base, power, reach, scope)
+        ctx.save_for_backward(z_i, one_minus_z_i, *terms, mask, clamped, blocked)
+        return bias
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_bias):
+        z_i, one_minus_z_i, *terms, mask, clamped, blocked = ctx.saved_tensors
+        below, above, relu_below, min_above, resonance, base, power, reach, scope = terms
+        grad = grad_bias[:, 0].to(mask.dtype)  # (b, i, j)
+        if blocked is not None:  # a blocked key's bias is a constant
+            grad = grad.masked_fill(blocked[:, 0], 0)
+        grad_mask = grad.div(clamped).masked_fill_(mask < MASK_FLOOR, 0)  # d log(max(M, floor)) / dM
+        grad_resonance = grad_scope = grad_mask
+        if ctx.kind == "product":
+            grad_resonance, grad_scope = grad_mask * scope, grad_mask * resonance
+        elif ctx.kind == "mean":
+            grad_resonance = grad_scope = grad_mask * 0.5
+        grad_z_query = grad_z_key = None
+        if resonance is not None:
+            # dC/dz_j = z_i [above <= 1] - (1 - z_i) [below >= 0]
+            # dC/dz_i = min(1, above) - max(0, below) - (1 - z_i) [below >= 0] - z_i [above <= 1]
+            through_below = grad_resonance * (below >= 0) * one_minus_z_i
+            through_above = grad_resonance * (above <= 1) * z_i
+            grad_z_key = (through_above - through_below).sum(1)  # (b, j)
+            grad_z_query = (grad_resonance * (min_above - relu_below) - through_below - through_above).sum(2)
+        if scope is not None:  # dS/dz_i = -(N - eps)^(1 - z_i) log(N - eps) where 0 <= reach <= 1
+            inside = (grad_scope * (reach == scope)).sum(2, keepdim=True)  # (b, i, 1)
+            grad_scope_z = (inside * torch.xlogy(power, base)).squeeze(2).neg_()
+            grad_z_query = grad_scope_z if grad_z_query is None else grad_z_query + grad_scope_z
+        if ctx.own_keys and grad_z_key is not None:  # z_i and z_j are the same tokens' z
+            grad_z_query, grad_z_key = grad_z_query + grad_z_key, None
+        return grad_z_query, grad_z_key, None, None, None, None, None
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Attention: which keys each query sees, the additive mask, and the attention functions
 # ------------------------------------------------------------------------------------------------------------------
@@ -180,52 +262,120 @@ def granularity_mask(
 
 @dataclass
 class AttentionLayout:
-    """Which keys each query may see, computed once per stack and shared by its layers.
+    """Which keys each query may see, computed once per stack and shared by its layers, with what the masks of all
+    its attention modules share (built on first use, once per stack).
 
     key_padding: (b, j) bool, True for real tokens. query_positions: (i,) the queries' positions in the sequence,
-    where new keys and z are written in a cache. causal: query i sees keys at positions <= its own. length: (b, i)
-    float, N of eq. 8, the number of keys query i sees (None for cross-attention, which has no scope mask).
-    allowed (b, 1, i, j) bool and distance |i - j| (i, j) float are the same rules as tensors; flex attention, which
-    applies them per query-key pair inside its kernel, does without them.
+    where new keys and z are written in a cache. causal: query i sees keys at positions <= its own. scoped: the
+    layout of a self-attention, which has N and distances for the scope mask (`length`, `distance`). padded: some
+    keys may be padding (False: the caller passed no mask). dense: the masks are built as tensors (`blocked`), which
+    flex attention, applying the rules per query-key pair inside its kernel, does without. plain_causal: nothing but
+    causality blocks a key (no padding, no cache), which SDPA takes as `is_causal` instead of a mask.
     """
 
     key_padding: torch.Tensor
     query_positions: torch.Tensor
     causal: bool
-    length: torch.Tensor | None = None
-    allowed: torch.Tensor | None = None
-    distance: torch.Tensor | None = None
+    scoped: bool = True
+    padded: bool = True
+    dense: bool = True
+    plain_causal: bool = False
+    shared: dict = field(default_factory=dict)  # what the properties below build on first use, once per stack
 
     @classmethod
     def build(
-        cls, key_padding: torch.Tensor, query_positions: torch.Tensor, causal: bool, materialize: bool = True
+        cls,
+        key_padding: torch.Tensor,
+        query_positions: torch.Tensor,
+        causal: bool,
+        materialize: bool = True,
+        padded: bool = True,
+        plain_causal: bool = False,
     ) -> "AttentionLayout":
-        visible_so_far = key_padding.long().cumsum(-1)  # (b, j): real keys at positions <= j
-        last = query_positions if causal else torch.full_like(query_positions, key_padding.shape[-1] - 1)
-        layout = cls(key_padding, query_positions, causal, length=visible_so_far[:, last].float())
-        if materialize:
-            key_positions = torch.arange(key_padding.shape[-1], device=key_padding.device)
-            allowed = key_padding[:, None, None, :].expand(-1, 1, query_positions.shape[0], -1)  # (b, 1, i, j)
-            layout.allowed = allowed & (key_positions <= query_positions[:, None]) if causal else allowed
-            layout.distance = (query_positions[:, None] - key_positions).abs().float()  # (i, j)
-        return layout
+        """`padded=False`: the caller passed no padding mask (key_padding is all True), so only causality blocks."""
+        plain_causal = causal and plain_causal and not padded
+        return cls(key_padding, query_positions, causal, padded=padded, dense=materialize, plain_causal=plain_causal)
 
     @classmethod
-    def cross(cls, encoder_padding: torch.Tensor, query_positions: torch.Tensor, materialize: bool = True):
+    def cross(
+        cls,
+        encoder_padding: torch.Tensor,
+        query_positions: torch.Tensor,
+        materialize: bool = True,
+        padded: bool = True,
+    ) -> "AttentionLayout":
         """Decoder queries over encoder keys: every real encoder token is visible; no scope, so no N or distance."""
-        allowed = encoder_padding[:, None, None, :] if materialize else None
-        return cls(encoder_padding, query_positions, causal=False, allowed=allowed)
+        return cls(encoder_padding, query_positions, causal=False, scoped=False, padded=padded, dense=materialize)
+
+    @property
+    def blocked(self) -> torch.Tensor | None:
+        """(b, 1, i or 1, j) bool, True where a query may not see a key; None where every key is visible."""
+        if "blocked" not in self.shared:
+            blocked = ~self.key_padding[:, None, None, :] if self.padded else None  # (b, 1, 1, j)
+            if self.causal:
+                future = (self.key_positions() > self.query_positions[:, None])[None, None]  # (1, 1, i, j)
+                blocked = future if blocked is None else blocked | future  # (b, 1, i, j)
+            self.shared["blocked"] = blocked
+        return self.shared["blocked"]
+
+    def key_positions(self) -> torch.Tensor:
+        return torch.arange(self.key_padding.shape[-1], device=self.key_padding.device)  # (j,)
+
+    @property
+    def length(self) -> torch.Tensor | None:
+        """N of eq. 8 (b, i) float, the number of keys query i sees; None for cross-attention (no scope mask).
+        Computed on first use: the resonance mask and plain attention have no use for it."""
+        if not self.scoped:
+            return None
+        if "length" not in self.shared:
+            visible_so_far = self.key_padding.long().cumsum(-1)  # (b, j): real keys at positions <= j
+            positions = self.query_positions
+            last = positions if self.causal else torch.full_like(positions, self.key_padding.shape[-1] - 1)
+            self.shared["length"] = visible_so_far[:, last].float()
+        return self.shared["length"]
+
+    @property
+    def distance(self) -> torch.Tensor | None:
+        """|i - j| (i, j) float, for the scope mask; None for cross-attention. Computed on first use."""
+        if not self.scoped:
+            return None
+        if "distance" not in self.shared:
+            self.shared["distance"] = (self.query_positions[:, None] - self.key_positions()).abs().float()
+        return self.shared["distance"]
+
+    def padding_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """The additive mask of plain attention (b, 1, i or 1, j): 0 where a key is visible, the dtype's minimum where
+        not; None where every key is. The minimum (not -inf) keeps a fully masked row finite: it attends uniformly
+        instead of producing NaN. Built once per stack and dtype."""
+        if self.blocked is None:
+            return None
+        if ("bias", dtype) not in self.shared:
+            bias = torch.zeros(self.blocked.shape, dtype=dtype, device=self.blocked.device)
+            self.shared["bias", dtype] = bias.masked_fill_(self.blocked, torch.finfo(dtype).min)
+        return self.shared["bias", dtype]
+
+    def scope_terms(self, epsilon: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """What eq. 8 takes from the layout, once per stack: max(N - eps, tiny) (b, i, 1), clamped at the smallest
+        positive float (eq. 8 is undefined for N < eps, where every key lies within eps anyway, and the clamp keeps
+        the power's gradient finite), and |i - j| - eps (i, j)."""
+        if ("scope", epsilon, dtype) not in self.shared:
+            base = (self.length[:, :, None].to(dtype) - epsilon).clamp(min=torch.finfo(torch.float32).tiny)
+            self.shared["scope", epsilon, dtype] = base, self.distance.to(dtype) - epsilon
+        return self.shared["scope", epsilon, dtype]
 
 
-def attention_bias(allowed: torch.Tensor, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """Additive float mask (b, 1, i, j): log(max(M, 1e-32)) where a key is visible, the dtype's minimum where not.
-
-    The minimum (not -inf) keeps a fully masked row finite: it attends uniformly instead of producing NaN.
-    """
-    visible = torch.zeros((), dtype=torch.float32, device=allowed.device)
-    if mask is not None:
-        visible = mask.clamp(min=MASK_FLOOR).log()[:, None]  # (b, 1, i, j)
-    return torch.where(allowed, visible.to(dtype), torch.finfo(dtype).min)
+def attention_bias(
+    layout: AttentionLayout, dtype: torch.dtype, kind: str = "none", z_query=None, z_key=None, epsilon: float = 0.0
+) -> torch.Tensor | None:
+    """Additive float mask (b, 1, i, j): log(max(M, 1e-32)) of the granularity mask `kind` (eqs. 6-9) where a key is
+    visible, the dtype's minimum where not (`GranularityBias`); the padding bias alone for `kind="none"`."""
+    if kind == "none":
+        return layout.padding_bias(dtype)
+    base = offset = None
+    if kind != "resonance":
+        base, offset = layout.scope_terms(epsilon, z_query.dtype)
+    own_keys = z_key is z_query  # passed once (see `GranularityBias`)
+    return GranularityBias.apply(z_query, None if own_keys else z_key, kind, base, offset, layout.blocked, dtype)
 
 
 def eager_attention_forward(
@@ -244,7 +394,9 @@ def eager_attention_forward(
 
     query (b, h, i, d), key/value (b, h, j, d), attention_mask (b, 1, i, j) -> output (b, i, h, d), weights (b, h, i, j).
     """
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + attention_mask
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
     weights = F.softmax(upcast(scores), dim=-1)
     if multiplier is not None:  # GA, eq. 9: Ã = A ⊙ M
         weights = weights * multiplier[:, None]
@@ -303,13 +455,14 @@ def flex_granularity_attention(
             "flex_attention has no attention dropout: train with 'sdpa' or 'eager', or set attention_dropout=0."
         )
     kind, epsilon = module.mask_kind, module.config.scope_epsilon
+    lengths = layout.length if z_query is not None and kind != "resonance" else None  # N of eq. 8, built here
 
     def score_mod(score, b, h, q, kv):
         visible = layout.key_padding[b, kv]
         if layout.causal:
             visible = visible & (kv <= layout.query_positions[q])
         if z_query is not None:  # GA, eqs. 6-9, for this query-key pair
-            length = layout.length[b, q] if layout.length is not None else None
+            length = lengths[b, q] if lengths is not None else None
             distance = (layout.query_positions[q] - kv).abs().float()
             mask = granularity_mask(kind, z_query[b, q], z_key[b, kv], length, distance, epsilon)
             score = score + torch.log(torch.clamp(mask, min=MASK_FLOOR))
@@ -341,7 +494,7 @@ class GranularityCache(EncoderDecoderCache):
 
     Keys and values stay in transformers' layout, (b, h, t, d_head). z lives in `granularity_cache`, a third cache of
     the same kind as the self-attention cache (a dynamic one that grows, or a static one preallocated to the same
-    length), whose keys and values are z as (b, 1, t, 1). Everything generation does to the cache (reorder beams,
+    length), whose keys are z as (b, 1, t, 1) and whose values are empty (b, 1, t, 0): z is stored once. Everything generation does to the cache (reorder beams,
     crop, reset, select or repeat batch rows) is done to z too. The model wraps whatever `EncoderDecoderCache` it is
     given (e.g. the static cache of `generate(cache_implementation="static")`) at the first decoding step.
     """
@@ -368,8 +521,8 @@ class GranularityCache(EncoderDecoderCache):
 
     def update_granularity(self, z: torch.Tensor, layer_idx: int, cache_kwargs: dict) -> torch.Tensor:
         """Store z (b, i) of new decoder tokens of self-attention layer `layer_idx`; return z of all its keys (b, j)."""
-        z = z[:, None, :, None]  # as the key and value of a cache with one head of width 1
-        z_all, _ = self.granularity_cache.update(z, z, layer_idx, cache_kwargs)
+        z = z[:, None, :, None]  # as the key of a cache with one head of width 1; its value is empty (width 0)
+        z_all, _ = self.granularity_cache.update(z, z[..., :0], layer_idx, cache_kwargs)
         return z_all[:, 0, :, 0]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -430,6 +583,7 @@ class CDNPGAttention(nn.Module):
         self.layer_idx = layer_idx
         self.is_cross_attention = is_cross_attention
         self.mask_kind = mask_kind
+        self.is_causal = False  # read by transformers' SDPA function when no mask is passed: causality is explicit
 
         self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
@@ -484,15 +638,15 @@ class CDNPGAttention(nn.Module):
 
         dropout = self.dropout if self.training else 0.0
         multiply = z_query is not None and self.config.granularity_mask_mode == "multiply"
-        if layout.allowed is None:  # the stack chose flex attention, which applies the masks inside its kernel
+        if not layout.dense:  # the stack chose flex attention, which applies the masks inside its kernel
             attn_output, attn_weights = flex_granularity_attention(
                 self, query_states, key_states, value_states, layout, z_query, z_key, self.scaling, dropout
             )
         else:
-            mask = None
-            if z_query is not None:  # GA, eqs. 6-9, as a (b, i, j) tensor
+            extra = {}
+            if multiply:  # GA, the literal eq. 9: M (b, i, j) scales the softmax output, the mask is padding only
                 length = layout.length[:, :, None] if layout.length is not None else None
-                mask = granularity_mask(
+                extra["multiplier"] = granularity_mask(
                     self.mask_kind,
                     z_query[:, :, None],
                     z_key[:, None, :],
@@ -500,9 +654,16 @@ class CDNPGAttention(nn.Module):
                     layout.distance,
                     self.config.scope_epsilon,
                 )
-            attention_mask = attention_bias(layout.allowed, None if multiply else mask, query_states.dtype)
+                attention_mask = layout.padding_bias(query_states.dtype)
+            else:  # GA, eqs. 6-9 as log M in the additive mask (`GranularityBias`), or the padding bias alone
+                attention_mask = attention_bias(
+                    layout, query_states.dtype, self.mask_kind, z_query, z_key, self.config.scope_epsilon
+                )
             # the literal eq. 9, or the weights themselves, need the reference path
             attend = eager_attention_forward if multiply or output_attentions else attention_function(self.config)
+            sdpa = attend is not eager_attention_forward and self.config._attn_implementation == "sdpa"
+            if z_query is None and layout.plain_causal and sdpa:  # no mask: SDPA may choose a fused kernel, as BART's
+                attention_mask, extra["is_causal"] = None, True
             attn_output, attn_weights = attend(
                 self,
                 query_states,
@@ -511,7 +672,7 @@ class CDNPGAttention(nn.Module):
                 attention_mask,
                 scaling=self.scaling,
                 dropout=dropout,
-                **({"multiplier": mask} if multiply else {}),
+                **extra,
             )
         attn_output = attn_output.reshape(*hidden_states.shape[:2], self.embed_dim)
         return self.out_proj(attn_output), attn_weights if output_attentions else None, z_query
@@ -724,23 +885,29 @@ class CDNPGStack(CDNPGPreTrainedModel):
         input_ids: torch.LongTensor | None,
         inputs_embeds: torch.Tensor | None,
         past_length: int | torch.Tensor = 0,
+        capacity: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token (scaled when `scale_embedding`; `inputs_embeds` are taken as given) plus position embeddings, and the
-        positions: `past_length` onwards, after the tokens already in a cache."""
+        positions: `past_length` onwards, after the tokens already in a cache. The positions are checked against the
+        table from Python ints, never by reading a tensor (a host sync on a GPU): a static cache's length is a
+        tensor, and its `capacity` bounds every position it can hold."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Pass exactly one of input_ids or inputs_embeds to the {type(self).__name__}.")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale
-        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
-        if not torch.compiler.is_compiling():  # a static cache's length is a tensor: no Python check while compiled
-            last = int(positions[-1]) if positions.numel() else 0
-            if last >= self.config.max_position_embeddings:
-                raise ValueError(
-                    f"The {type(self).__name__.removeprefix('CDNPG').lower()} input reaches position {last}, but the "
-                    f"model has max_position_embeddings={self.config.max_position_embeddings}: truncate it (the "
-                    "paper truncates sentences to 20 tokens)."
-                )
-        hidden_states = inputs_embeds + self.embed_positions(positions + self.config.position_offset)
+        if isinstance(past_length, torch.Tensor):  # a static cache's length
+            positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
+        else:
+            positions = torch.arange(past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device)
+        end = capacity if isinstance(past_length, torch.Tensor) else past_length + inputs_embeds.shape[1]
+        if end is not None and end > self.config.max_position_embeddings:
+            raise ValueError(
+                f"The {type(self).__name__.removeprefix('CDNPG').lower()} input reaches position {end - 1}, but the "
+                f"model has max_position_embeddings={self.config.max_position_embeddings}: truncate it (the "
+                "paper truncates sentences to 20 tokens)."
+            )
+        table_rows = positions + self.config.position_offset if self.config.position_offset else positions
+        hidden_states = inputs_embeds + self.embed_positions(table_rows)
         if self.layernorm_embedding is not None:
             hidden_states = self.layernorm_embedding(hidden_states)
         return self.dropout(hidden_states), positions
@@ -789,11 +956,14 @@ class CDNPGEncoder(CDNPGStack):
                 "sentence per input (no text pairs)."
             )
         hidden_states, positions = self.embed(input_ids, inputs_embeds)
+        padded = attention_mask is not None  # without a mask, SDPA gets none
         if attention_mask is None:
             attention_mask = torch.ones(hidden_states.shape[:2], device=hidden_states.device)
         # N of eq. 8 is each sentence's own number of real tokens: batch composition never changes an output
         materialize = not masks_in_kernel(self.config, output_attentions)
-        layout = AttentionLayout.build(attention_mask.bool(), positions, causal=False, materialize=materialize)
+        layout = AttentionLayout.build(
+            attention_mask.bool(), positions, causal=False, materialize=materialize, padded=padded
+        )
 
         hidden_states, all_hidden, (attentions, z) = self.run_layers(
             hidden_states, layout, output_attentions=output_attentions
@@ -849,31 +1019,45 @@ class CDNPGDecoder(CDNPGStack):
         if cache is not None and self.config.granularity_mask != "none" and not isinstance(cache, GranularityCache):
             cache = GranularityCache.wrap(cache)
 
+        # a dynamic cache's length is an int; a static cache's a tensor, which is never read on the host
         past_length = cache.get_seq_length() if cache is not None else 0
-        hidden_states, query_positions = self.embed(input_ids, inputs_embeds, past_length)
+        capacity = cache_capacity(cache) if cache is not None else None
+        hidden_states, query_positions = self.embed(input_ids, inputs_embeds, past_length, capacity)
         batch_size, num_queries = hidden_states.shape[:2]
         device = hidden_states.device
 
         # keys: the cached and new tokens, or every slot of a preallocated (static) cache, later ones masked as future
-        capacity = cache_capacity(cache) if cache is not None else None
         key_length = capacity if capacity is not None else past_length + num_queries
         if attention_mask is None:
             key_padding = torch.ones(batch_size, key_length, dtype=torch.bool, device=device)
         else:
-            if not torch.compiler.is_compiling() and not (
-                past_length + num_queries <= attention_mask.shape[-1] <= key_length
-            ):
+            # the static cache's lower bound would read its length: only its capacity is checked
+            needed = past_length + num_queries if capacity is None else num_queries
+            if not needed <= attention_mask.shape[-1] <= key_length:
                 raise ValueError(
                     f"decoder_attention_mask covers {attention_mask.shape[-1]} positions, but the cache holds "
-                    f"{int(past_length)} and {num_queries} are new: it must cover all {int(past_length) + num_queries}."
+                    f"{past_length} and {num_queries} are new: it must cover all {past_length + num_queries}."
+                    if capacity is None
+                    else f"decoder_attention_mask covers {attention_mask.shape[-1]} positions, but the static cache "
+                    f"holds at most {capacity} and {num_queries} are new."
                 )
             key_padding = F.pad(attention_mask.bool(), (0, key_length - attention_mask.shape[-1]), value=True)
+        encoder_padded = encoder_attention_mask is not None  # without a mask, SDPA gets none
         if encoder_attention_mask is None:
             encoder_attention_mask = torch.ones(encoder_hidden_states.shape[:2], device=device)
         # N of eq. 8 for query i is what query i can see, i + 1: cached decoding equals a full forward
         materialize = not masks_in_kernel(self.config, output_attentions)
-        self_layout = AttentionLayout.build(key_padding, query_positions, causal=True, materialize=materialize)
-        cross_layout = AttentionLayout.cross(encoder_attention_mask.bool(), query_positions, materialize=materialize)
+        self_layout = AttentionLayout.build(
+            key_padding,
+            query_positions,
+            causal=True,
+            materialize=materialize,
+            padded=attention_mask is not None,
+            plain_causal=capacity is None and past_length == 0,  # queries from position 0 over themselves alone
+        )
+        cross_layout = AttentionLayout.cross(
+            encoder_attention_mask.bool(), query_positions, materialize=materialize, padded=encoder_padded
+        )
 
         hidden_states, all_hidden, (self_attentions, cross_attentions, self_z, cross_z) = self.run_layers(
             hidden_states,
@@ -1019,6 +1203,7 @@ class CopyMechanism(nn.Module):
     def __init__(self, config: CDNPGConfig):
         super().__init__()
         self.excluded_token_ids = tuple(config.copy_excluded_token_ids or ())
+        self.excluded_ids_on = {}  # device -> excluded_token_ids as a tensor, built once (not per forward)
         self.scaling = config.d_model**-0.5
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
@@ -1045,7 +1230,10 @@ class CopyMechanism(nn.Module):
             scores = scores + upcast(z_source).clamp(min=MASK_FLOOR).log()[:, None, :]
         copyable = source_mask.bool()
         if self.excluded_token_ids:
-            copyable = copyable & ~torch.isin(source_ids, source_ids.new_tensor(self.excluded_token_ids))
+            excluded = self.excluded_ids_on.get(source_ids.device)
+            if excluded is None:  # a tensor from a Python tuple: once per device, not a host-to-device copy per call
+                excluded = self.excluded_ids_on[source_ids.device] = source_ids.new_tensor(self.excluded_token_ids)
+            copyable = copyable & ~torch.isin(source_ids, excluded)
         scores = scores.masked_fill(~copyable[:, None, :], torch.finfo(scores.dtype).min)
         alpha = scores.softmax(-1)  # (b, i, j)
         if self.gate_proj is not None:

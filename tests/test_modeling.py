@@ -133,6 +133,33 @@ def test_none_mask_is_plain_scaled_dot_product_attention():
     torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
 
 
+def test_none_without_masks_lets_sdpa_choose_its_kernel_and_equals_the_masked_path(monkeypatch):
+    """`none` builds no float mask where nothing is padded (issue 39): SDPA gets no mask in the encoder and the
+    cross-attention when no attention_mask is given, and `is_causal` in the decoder's first pass, so that it may pick
+    a fused kernel as it does for BART. The outputs equal those of all-ones masks and of the eager path."""
+    model = tiny_model(granularity_mask="none")
+    input_ids = torch.randint(3, 60, (2, 6))
+    decoder_input_ids = torch.randint(3, 60, (2, 5))
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    with torch.no_grad():
+        unmasked = model(input_ids, decoder_input_ids=decoder_input_ids).logits
+        assert len(calls) == 6 and all(mask is None for mask, _ in calls), "2 encoder + 2x2 decoder modules, no mask"
+        assert [causal for _, causal in calls] == [False, False, True, False, True, False]
+        ones = torch.ones_like(input_ids)
+        masked = model(input_ids, ones, decoder_input_ids=decoder_input_ids, decoder_attention_mask=ones[:, :5]).logits
+        model.set_attn_implementation("eager")
+        eager = model(input_ids, decoder_input_ids=decoder_input_ids).logits
+    torch.testing.assert_close(unmasked, masked, atol=1e-6, rtol=0)
+    torch.testing.assert_close(unmasked, eager, atol=1e-6, rtol=0)
+
+
 def test_cross_attention_granularity_is_switchable():
     with_cross = CDNPGForConditionalGeneration(tiny_config(granularity_mask="scope"))
     without = CDNPGForConditionalGeneration(tiny_config(granularity_mask="scope", cross_attention_granularity=False))

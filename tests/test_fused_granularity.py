@@ -1,0 +1,105 @@
+"""The fused GA mask (`GranularityBias`, issue 39) equals the paper's formulas in value and gradient.
+
+The reference is what the model computed before the fusion: `granularity_mask` (eqs. 6-9, the readable spec) through
+autograd, log(max(M, 1e-32)) where a key is visible and the dtype's minimum where it is blocked. Compared in float64,
+for every mask, on encoder-like (padded), decoder-like (causal, left-padded, cached: queries after the first
+positions) and cross-attention (i != j, no scope) layouts; gradcheck checks the hand-written backward against finite
+differences.
+"""
+
+import pytest
+import torch
+
+from modeling_cdnpg.modeling_cdnpg import (
+    MASK_FLOOR,
+    AttentionLayout,
+    GranularityBias,
+    attention_bias,
+    granularity_mask,
+)
+
+KINDS = ("resonance", "scope", "product", "mean")
+EPSILON = 2.0
+
+
+def layouts():
+    """(name, layout, number of queries, number of keys) of each kind of attention the model builds."""
+    padding = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]], dtype=torch.bool)
+    yield "encoder", AttentionLayout.build(padding, torch.arange(6), causal=False), 6, 6
+    yield "decoder", AttentionLayout.build(padding, torch.arange(6), causal=True), 6, 6
+    yield "cached step", AttentionLayout.build(padding, torch.tensor([4, 5]), causal=True), 2, 6
+    yield "cross", AttentionLayout.cross(padding[:, :5], torch.arange(3)), 3, 5
+
+
+def reference_bias(kind, layout, z_query, z_key, dtype=torch.float64):
+    """What the model computed before the fusion: the paper's formula, clamped, logged and masked."""
+    length = layout.length[:, :, None] if kind != "resonance" else None
+    mask = granularity_mask(kind, z_query[:, :, None], z_key[:, None, :], length, layout.distance, EPSILON)
+    bias = mask.clamp(min=MASK_FLOOR).log()[:, None].to(dtype)
+    return bias.masked_fill(layout.blocked, torch.finfo(dtype).min)
+
+
+def random_z(batch, length, seed):
+    # spread over (0, 1) and beyond 0.5 on both sides, so that every branch of eqs. 6 and 8 is taken
+    generator = torch.Generator().manual_seed(seed)
+    return torch.sigmoid(3 * torch.randn(batch, length, generator=generator, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_bias_equals_the_paper_formula_in_value_and_gradient(kind):
+    for name, layout, queries, keys in layouts():
+        if name == "cross" and kind != "resonance":
+            continue  # cross-attention has the resonance mask only
+        z_query = random_z(3, queries, 0).requires_grad_()
+        z_key = random_z(3, keys, 1).requires_grad_()
+        if name in {"encoder", "decoder"}:  # self-attention without a cache: one z per token, queries = keys
+            z_key = z_query
+        fused = attention_bias(layout, torch.float64, kind, z_query, z_key, EPSILON)
+        expected = reference_bias(kind, layout, z_query, z_key)
+        torch.testing.assert_close(fused, expected, rtol=1e-12, atol=1e-12, msg=f"{kind}, {name}")
+
+        upstream = torch.randn(fused.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        # the scope mask reads z of the queries alone
+        inputs = (z_query,) if z_key is z_query or kind == "scope" else (z_query, z_key)
+        got = torch.autograd.grad(fused, inputs, upstream)
+        want = torch.autograd.grad(expected, inputs, upstream)
+        for g, w in zip(got, want):
+            assert w.abs().max() > 0, "the reference gradient should not vanish in this test"
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=f"{kind}, {name}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_bias_backward_passes_gradcheck(kind):
+    layout = AttentionLayout.build(
+        torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool), torch.arange(5), causal=True
+    )
+    base, offset = layout.scope_terms(EPSILON, torch.float64) if kind != "resonance" else (None, None)
+    z_query, z_key = random_z(2, 5, 3).requires_grad_(), random_z(2, 5, 4).requires_grad_()
+
+    def bias(z_query, z_key):
+        out = GranularityBias.apply(z_query, z_key, kind, base, offset, layout.blocked, torch.float64)
+        return out.masked_fill(layout.blocked, 0)  # the blocked entries are a constant: finite differences of 0
+
+    assert torch.autograd.gradcheck(bias, (z_query, z_key))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_bias_in_bfloat16_is_the_rounded_float32_bias_with_a_finite_minimum(kind):
+    """Under bf16 autocast the mask is computed from float32 z and cast once; a blocked key gets bf16's minimum,
+    not -inf (a fully blocked row attends uniformly instead of producing NaN)."""
+    _, layout, queries, _ = next(layouts())
+    z = random_z(3, queries, 5).float()
+    fused = attention_bias(layout, torch.bfloat16, kind, z, z, EPSILON)
+    assert fused.dtype == torch.bfloat16
+    torch.testing.assert_close(fused, reference_bias(kind, layout, z, z, torch.bfloat16), rtol=0, atol=0)
+    assert fused.isfinite().all()
+
+
+def test_mask_below_the_floor_has_no_gradient():
+    """Outside the scope window S = 0 < 1e-32: the bias is log(1e-32), a constant, as the reference's clamp makes it."""
+    layout = AttentionLayout.build(torch.ones(1, 8, dtype=torch.bool), torch.arange(8), causal=False)
+    z = torch.full((1, 8), 0.999, dtype=torch.float64, requires_grad=True)  # details: a window of about eps
+    fused = attention_bias(layout, torch.float64, "scope", z, z, EPSILON)
+    assert (fused[0, 0, 0, 4:] == torch.tensor(MASK_FLOOR, dtype=torch.float64).log()).all()
+    (grad,) = torch.autograd.grad(fused[0, 0, 0, 4:].sum(), z)
+    assert (grad == 0).all()
