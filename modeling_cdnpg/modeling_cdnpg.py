@@ -494,7 +494,8 @@ class GranularityCache(EncoderDecoderCache):
 
     Keys and values stay in transformers' layout, (b, h, t, d_head). z lives in `granularity_cache`, a third cache of
     the same kind as the self-attention cache (a dynamic one that grows, or a static one preallocated to the same
-    length), whose keys are z as (b, 1, t, 1) and whose values are empty (b, 1, t, 0): z is stored once. Everything generation does to the cache (reorder beams,
+    length), whose keys are z as (b, 1, t, 1) and whose values are empty (b, 1, t, 0) where they can be: z is stored
+    once. Everything generation does to the cache (reorder beams,
     crop, reset, select or repeat batch rows) is done to z too. The model wraps whatever `EncoderDecoderCache` it is
     given (e.g. the static cache of `generate(cache_implementation="static")`) at the first decoding step.
     """
@@ -521,8 +522,12 @@ class GranularityCache(EncoderDecoderCache):
 
     def update_granularity(self, z: torch.Tensor, layer_idx: int, cache_kwargs: dict) -> torch.Tensor:
         """Store z (b, i) of new decoder tokens of self-attention layer `layer_idx`; return z of all its keys (b, j)."""
-        z = z[:, None, :, None]  # as the key of a cache with one head of width 1; its value is empty (width 0)
-        z_all, _ = self.granularity_cache.update(z, z[..., :0], layer_idx, cache_kwargs)
+        z = z[:, None, :, None]  # as the key of a cache with one head of width 1
+        # its value is empty (width 0): z is stored once; a static layer of transformers 4.57 sizes its values as
+        # its keys, so it keeps z twice
+        layers = self.granularity_cache.layers
+        static = layer_idx < len(layers) and isinstance(layers[layer_idx], StaticLayer)
+        z_all, _ = self.granularity_cache.update(z, z if static else z[..., :0], layer_idx, cache_kwargs)
         return z_all[:, 0, :, 0]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
