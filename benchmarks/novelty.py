@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""What `generate(novelty=...)` buys over plain beam search, and over the knobs that need no z.
+"""What `novelty` and `keep_details` (`generation_cdnpg.paraphrase`, through the pipeline) buy over plain beam search,
+and over the knobs that need no z.
 
     # the reported run, on the last 2,000 Quora validation pairs (docs/benchmarks.md); the first 2,000: --split tune
     python benchmarks/novelty.py CHECKPOINT --split report --output_dir runs/novelty
@@ -66,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings(model, quick: bool, names: list[str] | None) -> dict[str, tuple[str, float, dict]]:
-    """name -> (family, the family's knob value, generate() keyword arguments); --quick decodes one of each family.
+    """name -> (family, the family's knob value, the pipeline's keyword arguments: paraphrase() with novelty or
+    keep_details, generate() otherwise); --quick decodes one of each family.
     With `names` (--settings), those and beam search, the reference of the timings; an unknown name is refused."""
     has_z, uniform = model.config.granularity_mask != "none", {"novelty_z_layer": None}
     mirrored = has_z and not model.generation_config.novelty_z_inverted

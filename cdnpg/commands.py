@@ -120,7 +120,7 @@ def paraphrase(
     warning. `first_index` numbers the texts in warnings (their line number in the input).
     """
     from cdnpg.inference import generation_kwargs, input_limit, warn_long_inputs
-    from modeling_cdnpg.pipeline_cdnpg import unreadable
+    from modeling_cdnpg.pipeline_cdnpg import FewerCandidatesWarning, unreadable
 
     model, tokenizer = paraphraser.model, paraphraser.tokenizer
     todo = []
@@ -148,7 +148,10 @@ def paraphrase(
         settings["novelty"] = novelty
     if keep_details is not None:
         settings["keep_details"] = keep_details
-    for offset, candidates in zip(todo, paraphraser(sources, batch_size=len(sources), **settings)):
+    with warnings.catch_warnings():  # the pipeline's own warning of fewer candidates: said below, numbered by line
+        warnings.simplefilter("ignore", FewerCandidatesWarning)
+        found = paraphraser(sources, batch_size=len(sources), **settings)
+    for offset, candidates in zip(todo, found):
         for candidate in candidates:  # one line each: no tabs or newlines inside
             candidate["generated_text"] = " ".join(candidate["generated_text"].split())
         if len(candidates) < num_return_sequences:  # novelty keeps only distinct candidates that are not the input

@@ -5,9 +5,9 @@ sentence-level template. :func:`word_granularities` runs a C-DNPG model on one s
 self-attention (and, optionally, every decoder self-attention over the model's own paraphrase) and aggregates word
 pieces into words; :mod:`cdnpg.figures` draws the result.
 
-Aggregation rule: a word's z is the largest z of its word pieces (words as the fast tokenizer's `word_ids()` defines
-them), computed by the function decoding weighs words with (`generation_cdnpg.word_detail`): a word is as much a
-detail as its most detailed piece. Chosen by measurement against the mean on the tuning half (docs/novelty.md);
+Aggregation rule: a word's z is the largest z of its word pieces, words and z per word computed by the functions
+decoding weighs words with (`generation_cdnpg.word_positions`, `word_detail`): a word is as much a detail as its
+most detailed piece, and "?" after a word is a word of its own with every tokenizer. Chosen by measurement against the mean on the tuning half (docs/novelty.md);
 special tokens ([CLS], [SEP], ...) are omitted.
 
     from cdnpg.granularity import word_granularities
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from cdnpg.inference import decoding_name, encode, generation_kwargs, input_limit, longest_text_length
-from modeling_cdnpg.generation_cdnpg import word_detail
+from modeling_cdnpg.generation_cdnpg import DEFAULT_LAYER, word_detail, word_positions, word_starts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -57,44 +57,20 @@ class LayerRow:
     description: str
 
 
-def _group_by_word(word_ids: Sequence[int | None]) -> list[list[int]]:
-    """Token positions of each word, in order; positions with no word (special tokens) are left out."""
-    groups: dict[int, list[int]] = {}
-    for position, word in enumerate(word_ids):
-        if word is not None:
-            groups.setdefault(word, []).append(position)
-    return list(groups.values())
-
-
 def _span_text(text: str, offsets: Sequence[tuple[int, int]], positions: list[int]) -> str:
-    return text[min(offsets[p][0] for p in positions) : max(offsets[p][1] for p in positions)]
+    """The text of a word's pieces (byte-level BPE's offsets include the space before a word)."""
+    return text[min(offsets[p][0] for p in positions) : max(offsets[p][1] for p in positions)].strip()
 
 
-def _decoder_words(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> tuple[str, list[str], list[list[int]]]:
-    """The paraphrase's text, its words and each word's positions in `ids` (special tokens omitted).
-
-    Words come from re-tokenizing the decoded text when that reproduces the generated pieces exactly; otherwise
-    (e.g. a sequence that starts with a "##" continuation) pieces are joined by the WordPiece continuation prefix.
-    """
-    special = set(tokenizer.all_special_ids)
-    kept = [p for p, token in enumerate(ids) if token not in special]
-    pieces = [ids[p] for p in kept]
-    text = tokenizer.decode(pieces, skip_special_tokens=True)
-    again = tokenizer(text, add_special_tokens=False)
-    if again["input_ids"] == pieces and again.encodings is not None:
-        piece_groups = _group_by_word(again.word_ids())  # indices into `pieces`
-        words = [_span_text(text, again.encodings[0].offsets, group) for group in piece_groups]
-        return text, words, [[kept[i] for i in group] for group in piece_groups]
-    prefix = getattr(getattr(tokenizer.backend_tokenizer, "model", None), "continuing_subword_prefix", None) or "##"
-    words, groups = [], []
-    for position, token in zip(kept, tokenizer.convert_ids_to_tokens(pieces)):
-        if token.startswith(prefix) and words:
-            words[-1] += token[len(prefix) :]
-            groups[-1].append(position)
-        else:
-            words.append(token)
-            groups.append([position])
-    return text, words, groups
+def _words(
+    tokenizer: PreTrainedTokenizerBase, ids: list[int], groups: list[list[int]], text: str | None = None, offsets=None
+) -> list[str]:
+    """Each word's text: its span of `text` when the tokenizer's offsets say where it is (an uncased tokenizer keeps
+    the input's spelling), else its pieces joined as the tokenizer writes them."""
+    if text is not None and offsets is not None and all(offsets[p][1] > offsets[p][0] for g in groups for p in g):
+        return [_span_text(text, offsets, group) for group in groups]
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    return [tokenizer.convert_tokens_to_string([pieces[p] for p in group]).strip() for group in groups]
 
 
 def _check_model(model: PreTrainedModel) -> None:
@@ -111,21 +87,19 @@ def _check_model(model: PreTrainedModel) -> None:
 
 def _word_rows(
     granularities: Sequence[torch.Tensor],
+    starts: torch.Tensor,
     groups: list[list[int]],
     words: list[str],
     stack: str,
     sentence: str,
     description: str,
 ) -> list[LayerRow]:
-    """One row per layer: each word's z by decoding's rule (`word_detail`), read at the word's first piece."""
-    length = granularities[0].shape[-1]
-    starts = torch.ones(1, length, dtype=torch.bool)  # special tokens are words of their own
-    for group in groups:
-        starts[0, group[1:]] = False
+    """One row per layer: each word's z by decoding's rule (`word_detail` over `word_starts`), read at the word's
+    first piece."""
     firsts = [group[0] for group in groups]
     rows = []
     for layer, z in enumerate(granularities, start=1):
-        per_word = word_detail(z[:1].float().cpu(), starts)[0, firsts].tolist()
+        per_word = word_detail(z[:1].float().cpu(), starts[:1].cpu())[0, firsts].tolist()
         rows.append(LayerRow(f"{stack} {layer}", stack, list(words), per_word, sentence, description))
     return rows
 
@@ -143,21 +117,21 @@ def word_granularities(
 
     Decoder rows teacher-force the model's own paraphrase of `text`, decoded with its generation_config
     (`num_beams`, `max_new_tokens` override it): z of decoder position t belongs to the paraphrase token fed at t.
-    Needs a fast tokenizer (`word_ids()`); an over-long `text` is truncated to what the model takes, with a warning.
+    Words are decoding's (`generation_cdnpg.word_positions`); an over-long `text` is truncated to what the model
+    takes, with a warning.
     """
     _check_model(model)
-    if not tokenizer.is_fast:
-        raise TypeError("word_granularities needs a fast tokenizer: words come from its word_ids()")
     text = text.strip()
     if not text:
         raise ValueError("the sentence is empty: there are no words to show")
     limit, reason = input_limit(model, tokenizer)
     batch = encode(tokenizer, [text], limit, reason)
-    groups = _group_by_word(batch.word_ids(0))
+    [groups] = word_positions(tokenizer, batch["input_ids"], batch["attention_mask"])
     if not groups:
         raise ValueError(f"the sentence {text!r} has no words once special tokens are left out")
-    offsets = batch.encodings[0].offsets
-    words = [_span_text(text, offsets, group) for group in groups]
+    offsets = batch.encodings[0].offsets if batch.encodings else None
+    words = _words(tokenizer, batch["input_ids"][0].tolist(), groups, text, offsets)
+    starts = word_starts(tokenizer, batch["input_ids"])
     batch = batch.to(model.device)
 
     encoder_out = model.get_encoder()(
@@ -166,7 +140,7 @@ def word_granularities(
     if encoder_out.granularities is None:
         raise GranularityUnavailableError("the model returned no encoder granularities (no granularity heads)")
     rows = _word_rows(
-        encoder_out.granularities, groups, words, "encoder", text, "encoder self-attention over the input"
+        encoder_out.granularities, starts, groups, words, "encoder", text, "encoder self-attention over the input"
     )
     if not decoder:
         return rows
@@ -179,7 +153,10 @@ def word_granularities(
     eos_ids = set(eos if isinstance(eos, list) else [eos])
     end = next((i for i, token in enumerate(sequence) if i > 0 and token in eos_ids), len(sequence) - 1)
     sequence = sequence[: end + 1]  # the start token, the paraphrase, its EOS; beam padding after EOS dropped
-    paraphrase, dec_words, dec_groups = _decoder_words(tokenizer, sequence)
+    decoded = torch.tensor([sequence])
+    [dec_groups] = word_positions(tokenizer, decoded)
+    paraphrase = tokenizer.decode(sequence, skip_special_tokens=True)
+    dec_words = _words(tokenizer, sequence, dec_groups)
     if not dec_groups:
         logger.warning("the model's paraphrase of %r is empty: no decoder rows to show", text)
         return rows
@@ -191,7 +168,11 @@ def word_granularities(
         use_cache=False,
     )
     description = f"decoder self-attention over the model's paraphrase ({decoding_name(model, settings['num_beams'])})"
-    return rows + _word_rows(output.decoder_granularities, dec_groups, dec_words, "decoder", paraphrase, description)
+    dec_rows = _word_rows(
+        output.decoder_granularities, word_starts(tokenizer, decoded), dec_groups, dec_words, "decoder", paraphrase,
+        description,
+    )  # fmt: skip
+    return rows + dec_rows
 
 
 @torch.no_grad()
@@ -217,14 +198,37 @@ def granularity_spread(
     return {part: [round(z[mask].std().item(), 4) for z in layers or ()] for part, (layers, mask) in parts.items()}
 
 
+@torch.no_grad()
 def high_z_words(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sources: Sequence[str], threshold: float = 0.5
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    sources: Sequence[str],
+    threshold: float = 0.5,
+    batch_size: int = 64,
 ) -> list[set[str]]:
     """Per source, its distinct words (lowercased) that z marks as details: z >= `threshold` in the encoder layer
     novelty decoding reads, oriented as calibrated (`novelty_z_layer`, `novelty_z_inverted` of the generation
-    config). What keep_details rewards; empty sets for a model without z."""
+    config), words and z per word as decoding and the figure have them (`word_positions`, `word_detail`). What
+    keep_details rewards; empty sets for a model without z. Runs `batch_size` sources per encoder pass."""
     if model.config.granularity_mask == "none":
         return [set() for _ in sources]
-    layer, inverted = model.generation_config.novelty_z_layer, model.generation_config.novelty_z_inverted
-    rows = [word_granularities(model, tokenizer, source)[layer] for source in sources]
-    return [{w.lower() for w, z in zip(row.words, row.z) if (1 - z if inverted else z) >= threshold} for row in rows]
+    layer = getattr(model.generation_config, "novelty_z_layer", DEFAULT_LAYER)
+    inverted = getattr(model.generation_config, "novelty_z_inverted", False)
+    limit, reason = input_limit(model, tokenizer)
+    found = []
+    for start in range(0, len(sources), batch_size):
+        texts = [source.strip() for source in sources[start : start + batch_size]]
+        batch = encode(tokenizer, texts, limit, reason, range(start + 1, start + len(texts) + 1))
+        z = model.get_encoder()(
+            input_ids=batch["input_ids"].to(model.device),
+            attention_mask=batch["attention_mask"].to(model.device),
+            output_granularities=True,
+        ).granularities[layer]
+        z = z.double().cpu()  # 1 - z exact, so that the two orientations split the words at 0.5
+        detail = word_detail(1 - z if inverted else z, word_starts(tokenizer, batch["input_ids"]))
+        groups = word_positions(tokenizer, batch["input_ids"], batch["attention_mask"])
+        for row, (text, words) in enumerate(zip(texts, groups)):
+            offsets = batch.encodings[row].offsets if batch.encodings else None
+            names = _words(tokenizer, batch["input_ids"][row].tolist(), words, text, offsets)
+            found.append({name.lower() for name, group in zip(names, words) if detail[row, group[0]] >= threshold})
+    return found

@@ -4,13 +4,16 @@
   the Auto classes without `trust_remote_code` where this package is installed;
 - `register_for_auto_class` makes `save_pretrained` / `push_to_hub` copy the model code into the checkpoint and
   write its `auto_map`, so that it loads anywhere with `trust_remote_code=True`;
-- the text2text-generation pipeline is registered with transformers' pipeline registry.
+- the text2text-generation pipeline is registered with transformers' pipeline registry;
+- `paraphrase` (ranked, diverse candidates) and `granularity_processors` (the z rules for `generate()`) are
+  granularity-aware paraphrasing (`generation_cdnpg.py`).
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from .configuration_cdnpg import GRANULARITY_MASK_MODES, GRANULARITY_MASKS, CDNPGConfig
+from .generation_cdnpg import granularity_processors, paraphrase
 from .modeling_cdnpg import (
     CDNPGDecoder,
     CDNPGEncoder,
@@ -46,6 +49,8 @@ __all__ = [
     "CDNPGText2TextPipeline",
     "GranularityHead",
     "granularity_mask",
+    "granularity_processors",
+    "paraphrase",
     "resonance_mask",
     "scope_mask",
 ]

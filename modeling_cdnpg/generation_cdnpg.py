@@ -1,61 +1,61 @@
-"""Granularity-aware paraphrasing: `model.generate(**inputs, novelty=0.5, keep_details=0.5, num_return_sequences=5)`.
+"""Granularity-aware paraphrasing: z rules as logits processors, and `paraphrase()` for ranked, diverse candidates.
+
+    from modeling_cdnpg.generation_cdnpg import granularity_processors, paraphrase
+
+    inputs = tokenizer(["how long does it take to get to mars ?"], return_tensors="pt")
+    rules = granularity_processors(model, tokenizer, inputs, novelty=0.5, keep_details=0.5)
+    ids = model.generate(**inputs, logits_processor=rules)  # transformers' own generate(), every option of it
+    out = paraphrase(model, tokenizer, inputs, novelty=0.5, keep_details=0.5, num_return_sequences=5)
+    out.sequences, out.sequences_scores  # 5 distinct candidates per input, best first, and their scores
 
 Beam search on a paraphrase model copies much of its input (a quarter of Quora questions come back verbatim), and
 transformers' generic knobs against it (`encoder_no_repeat_ngram_size`, `encoder_repetition_penalty`) treat every
 source word alike, so they break names and numbers as readily as the question's template. C-DNPG already knows which
 is which: z (eq. 4) is ≈ 0 on sentence-level template tokens and ≈ 1 on phrase-level details. `novelty` uses it.
 
-The rule (reasoning and measurements in docs/novelty.md):
+The rules (reasoning and measurements in docs/novelty.md), each a `LogitsProcessor` that any model's `generate()`
+takes; `granularity_processors` builds them for a batch:
 
-- z is that of one encoder layer's self-attention, computed in the encoder pass that decoding uses: the layer named
-  by `generation_config.novelty_z_layer` (default the top one), read as 1 - z when `novelty_z_inverted`. The
-  resonance mask is nearly symmetric under z -> 1 - z, so which layer reads as the paper says (details high), and
-  which way round, differs between trained models; `calibrate_granularity` finds it and stores it.
+- z is that of one encoder layer's self-attention: the layer named by `generation_config.novelty_z_layer` (default
+  the top one), read as 1 - z when `novelty_z_inverted`. The resonance mask is nearly symmetric under z -> 1 - z, so
+  which layer reads as the paper says (details high), and which way round, differs between trained models;
+  `calibrate_granularity` finds it and stores it.
+- Words, not tokens (`word_starts`, the one word rule of decoding, the granularity figure and `high_z_words`): a
+  word's z is its pieces' largest.
 - A source bigram (a, b) (the decoder start token matching the source's first special token, so that the first word
   counts too) weighs w = 1 - max(z_a, z_b) over its non-special tokens: a bigram is as template-like as its most
-  detailed token, so that no bigram inside or at the edge of a detail phrase is pushed apart. Bigrams ending in a
-  special token weigh 0 (ending a sentence is never penalised). Given the tokenizer (generate()'s own `tokenizer`
-  argument), words replace tokens: a word's z is its pieces' largest, and a bigram that ends inside a word weighs 0.
-- While decoding, a hypothesis whose last token is a has `novelty * MAX_PENALTY * w` nats taken off token b (the
-  largest w when the source has several bigrams (a, ·) ending in b): copying the template costs, copying a detail
-  costs nothing. `SourceNgramPenaltyLogitsProcessor` is this rule for any n-gram size and any weights.
-- A hypothesis that equals the source may not end (`NoCopyLogitsProcessor`), and the source with words appended is a
-  candidate only when there is no other, unless `allow_copy=True`.
-- `keep_details`, the other side of z: a small model trained on little data drops or garbles the source's names and
-  rare words (it keeps a third of them where human paraphrases keep 60%). While decoding, a hypothesis that holds a
-  source token fewer times than the source does gets `keep_details * MAX_BONUS * z` nats added to it, z being that
-  token's (its word's) detail weight: template words are left to `novelty`, details are pulled back in, each as
-  often as the source has it. `DetailBonusLogitsProcessor` is this rule for any weights.
+  detailed token. Bigrams ending in a special token, or inside a word, weigh 0. While decoding, a hypothesis whose
+  last token is a has `novelty * MAX_PENALTY * w` nats taken off token b (`SourceNgramPenaltyLogitsProcessor`).
+- A hypothesis that equals the source may not end (`NoCopyLogitsProcessor`), unless `allow_copy=True`.
+- `keep_details`, the other side of z: a hypothesis that holds a source token fewer times than the source does gets
+  `keep_details * MAX_BONUS * z` nats added to it (`DetailBonusLogitsProcessor`): template words are left to
+  `novelty`, details are pulled back in, each as often as the source has it.
 - Without z (`granularity_mask="none"`, or `novelty_z_layer=None`) every bigram weighs 1 and every source token is
   kept with weight 1 (for the former, a warning).
 
-Candidates and ranking: with `num_return_sequences=n` > 1 the n candidates come from n beam searches run one after
-another (ceil(num_beams / n) beams each), each penalised also on the bigrams of the candidates already chosen (detail
-tokens of the source exempt, as above; `DIVERSITY_PENALTY` nats): diverse beam search (Vijayakumar et al., 2018)
-with groups decoded in turn rather than in lockstep, so that it runs on the standard beam search of transformers
-4.57 and 5.x alike. From every group the best beam that is new (not empty, not chosen before, not the source) is
-kept. Each candidate y of source x is scored
+Candidates and ranking (`paraphrase`): with `num_return_sequences=n` > 1 and novelty above 0, n beam searches run
+one after another give the n candidates (ceil(num_beams / n) beams each), each penalised also on the bigrams of
+the candidates already chosen (detail tokens of the source exempt; `DIVERSITY_PENALTY` nats): diverse beam search
+(Vijayakumar et al., 2018) with groups decoded in turn rather than in lockstep, so that it runs on the standard beam
+search of transformers 4.57 and 5.x alike. From every group the best beam that is new (not empty, not chosen before,
+not the source) is kept; the source with words appended is a candidate only when there is no other. Each candidate y
+of source x is scored
 
     score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept
 
 with log_likelihood the mean log p(y_t | y_<t, x) over its tokens (end token included) under the model alone,
-without any penalty (teacher-forced), source_overlap the mean bigram weight w over its tokens (0 for a token that
-does not continue a source bigram) and details_kept the mean detail weight of the owed source tokens it wrote (0 for
-the others): the quantity the beam search with both rules maximises, computed exactly. Candidates come back best
-first, with their scores (`return_dict_in_generate=True`).
-
-`novelty=0` is the model's own decoding, byte for byte: no penalty, no groups, no copy rule, the beams in their order
-(with `keep_details` above 0, the model's own beam search with the pull towards the details alone).
-The encoder runs once per `generate()` call: its output, expanded by transformers over beams and returned
-sequences, serves every group and the scoring. Copied into every saved checkpoint (remote code): imports only torch
-and transformers.
+teacher-forced, and source_overlap and details_kept the mean amounts the two processors, unscaled, give its tokens,
+computed by running those same processors over the candidate's prefixes (`rule_means`): the quantity the beam search
+with both rules maximises, each rule written once. `novelty=0` is the model's own decoding (with `keep_details`
+above 0, with the pull towards the details alone), in its order. The encoder runs once per `paraphrase()` call.
+Copied into every saved checkpoint (remote code): imports only torch and transformers, on 4.57 and 5.x.
 """
 
 import copy
 import math
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
@@ -78,12 +78,13 @@ UNCALIBRATED = (
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 DEFAULT_LAYER = -1  # the top encoder layer, when the checkpoint's generation_config names none (calibrate_granularity)
 RESCORE_ELEMENTS = 2**24  # logits held at once when rescoring candidates (64 MiB of fp32)
+Z_SETTINGS = ("novelty_z_layer", "novelty_z_inverted")  # which z the rules read: the generation config's, or given
 
 
 @dataclass
 class CDNPGParaphraseOutput(ModelOutput):
-    """What `generate(..., novelty=x, return_dict_in_generate=True)` returns: for every input its
-    `num_return_sequences` candidates, best first (rows `i * n` to `i * n + n - 1` belong to input i).
+    """What `paraphrase()` returns: for every input its `num_return_sequences` candidates, best first (rows `i * n`
+    to `i * n + n - 1` belong to input i).
 
     sequences (`(batch * n, length)`): the candidates' ids; a row that could not be filled (fewer distinct
         candidates than asked for) is all padding, with score -inf.
@@ -102,31 +103,57 @@ class CDNPGParaphraseOutput(ModelOutput):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# The rule: weighted source n-grams, and the penalty of a token that would continue one
+# Words: the one rule that decoding, the granularity figure and high_z_words share
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def content_tokens(
-    input_ids: torch.LongTensor, attention_mask: torch.Tensor, special_ids: torch.Tensor
-) -> torch.Tensor:
-    """(b, s) bool: the tokens that are text, neither padding nor special."""
-    return attention_mask.bool() & ~torch.isin(input_ids, special_ids)
+def _is_punctuation(text: str) -> bool:
+    return bool(text) and not any(character.isalnum() or character.isspace() for character in text)
 
 
-def word_starts(tokenizer, input_ids: torch.LongTensor) -> torch.Tensor:
-    """(b, s) bool: whether each token starts a word, i.e. the tokenizer writes a space between it and the token
-    before it (special tokens, and the tokens after them, start words). WordPiece's "##" pieces, byte-level BPE's
-    pieces without "Ġ" and SentencePiece's without "▁" continue a word."""
+def word_starts(tokenizer: PreTrainedTokenizerBase, input_ids: torch.LongTensor) -> torch.Tensor:
+    """(b, s) bool: whether each token starts a word. A token starts a word when the tokenizer writes a space
+    between it and the token before it, when it or the token before it is punctuation alone, and when it or the
+    token before it is special. So WordPiece's "##" pieces, byte-level BPE's pieces without "Ġ" and SentencePiece's
+    without "▁" continue a word, and "?" is a word of its own after "python" whether the tokenizer writes a space
+    before it (WordPiece) or not (byte-level BPE's "python?")."""
     special = set(tokenizer.all_special_ids)
     starts = []
     for ids in input_ids.tolist():
         tokens = tokenizer.convert_ids_to_tokens(ids)
+        alone = [tokenizer.convert_tokens_to_string([token]).strip() for token in tokens]
         row = [True]
         for j in range(1, len(ids)):
             joined = tokenizer.convert_tokens_to_string(tokens[j - 1 : j + 1]).strip()
-            row.append(ids[j] in special or ids[j - 1] in special or any(c.isspace() for c in joined))
+            row.append(
+                ids[j] in special
+                or ids[j - 1] in special
+                or any(character.isspace() for character in joined)
+                or _is_punctuation(alone[j])
+                or _is_punctuation(alone[j - 1])
+            )
         starts.append(row)
-    return torch.tensor(starts, dtype=torch.bool, device=input_ids.device)
+    return torch.tensor(starts, dtype=torch.bool, device=input_ids.device).reshape(input_ids.shape)
+
+
+def word_positions(
+    tokenizer: PreTrainedTokenizerBase, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None
+) -> list[list[list[int]]]:
+    """Per row of `input_ids` (b, s), the positions of each word's pieces (`word_starts`), in order; special tokens
+    and padding belong to no word."""
+    starts = word_starts(tokenizer, input_ids).tolist()
+    special = set(tokenizer.all_special_ids)
+    mask = attention_mask.tolist() if attention_mask is not None else [[1] * len(row) for row in starts]
+    rows = []
+    for ids, row_starts, row_mask in zip(input_ids.tolist(), starts, mask):
+        words: list[list[int]] = []
+        for position, (token, start, real) in enumerate(zip(ids, row_starts, row_mask)):
+            if real and token not in special:
+                if start or not words:
+                    words.append([])
+                words[-1].append(position)
+        rows.append(words)
+    return rows
 
 
 def word_detail(detail: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
@@ -135,6 +162,18 @@ def word_detail(detail: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     word = starts.long().cumsum(-1) - 1
     per_word = torch.zeros_like(detail).scatter_reduce(1, word, detail, "amax", include_self=False)
     return per_word.gather(1, word)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The rules: weighted source n-grams, the copy rule, the pull towards details
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def content_tokens(
+    input_ids: torch.LongTensor, attention_mask: torch.Tensor, special_ids: torch.Tensor
+) -> torch.Tensor:
+    """(b, s) bool: the tokens that are text, neither padding nor special."""
+    return attention_mask.bool() & ~torch.isin(input_ids, special_ids)
 
 
 def source_ngrams(
@@ -161,35 +200,6 @@ def source_ngrams(
     if starts is not None:
         valid &= starts.unfold(1, ngram_size, 1)[..., -1]
     return windows.masked_fill(~valid[..., None], -1), weights.masked_fill(~valid, 0.0)
-
-
-def diversity_ngrams(
-    candidate: torch.LongTensor,
-    source_ids: torch.LongTensor,
-    detail: torch.Tensor,
-    special_ids: torch.Tensor,
-    tokenizer,
-) -> tuple[torch.LongTensor, torch.Tensor]:
-    """The bigrams of a candidate already chosen, and what repeating each costs a later candidate: DIVERSITY_PENALTY
-    times its template weight, a token's detail being its largest z in the source (0 for a token not in it)."""
-    token_detail = ((candidate[:, None] == source_ids[None, :]) * detail[None, :]).amax(-1)
-    ids = candidate[None]
-    starts = word_starts(tokenizer, ids) if tokenizer is not None else None
-    grams, template = source_ngrams(ids, torch.ones_like(ids), token_detail[None], special_ids, starts)
-    return grams[0], DIVERSITY_PENALTY * template[0]
-
-
-def ngram_penalties(sequences: torch.LongTensor, ngrams: torch.LongTensor, weights: torch.Tensor) -> torch.Tensor:
-    """For each position t of each sequence (r, t), the weight of the n-gram that token t completes (its largest
-    weight if several match; 0 if none): what `SourceNgramPenaltyLogitsProcessor` took off that token.
-
-    ngrams (r, k, n) and weights (r, k) are each row's own (already expanded to the rows).
-    """
-    context = ngrams.shape[-1] - 1
-    padded = F.pad(sequences, (context, 0), value=-2)  # -2: before the start, matches nothing
-    windows = padded.unfold(1, context + 1, 1)  # (r, t, n): token t with its context
-    match = (windows[:, :, None, :] == ngrams[:, None, :, :]).all(-1)  # (r, t, k)
-    return (match * weights[:, None, :]).amax(-1)
 
 
 class PerInputLogitsProcessor(LogitsProcessor):
@@ -296,7 +306,147 @@ class DetailBonusLogitsProcessor(PerInputLogitsProcessor):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Scoring candidates
+# Reading the source: z of the calibrated layer, per word, turned into the rules' weights
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _token_ids(*values) -> list[int]:
+    """The distinct ids among generation-config values that are None, an int, a list or a tensor."""
+    ids = []
+    for value in values:
+        if torch.is_tensor(value):
+            ids += value.flatten().tolist()
+        elif isinstance(value, (list, tuple)):
+            ids += list(value)
+        elif value is not None:
+            ids.append(value)
+    return sorted(set(ids))
+
+
+@dataclass
+class SourceWeights:
+    """A batch of sources read for the rules: the encoder's output (which `paraphrase` reuses for decoding and
+    scoring), each token's detail (z of the chosen layer, per word; 0 for a uniform weight), the weighted n-grams of
+    `source_ngrams`, each token's weight to keep (its detail, 1 for a uniform weight, 0 for special tokens and
+    padding), and the ids the rules treat as special and as the end."""
+
+    input_ids: torch.LongTensor
+    attention_mask: torch.Tensor
+    encoder_outputs: ModelOutput
+    detail: torch.Tensor
+    ngrams: torch.LongTensor
+    weights: torch.Tensor
+    keep: torch.Tensor
+    special_ids: torch.Tensor
+    eos_ids: torch.Tensor
+
+
+def z_settings(model, generation_config: GenerationConfig | None = None, **given) -> tuple[int | None, bool]:
+    """The encoder layer whose z the rules read and whether 1 - z is read: `given` (novelty_z_layer,
+    novelty_z_inverted), else the generation config's (`calibrate_granularity`), else the top layer as it comes,
+    with a warning. A model without granularity heads reads none (a uniform weight), with a warning."""
+    config = generation_config if generation_config is not None else model.generation_config
+    unknown = sorted(set(given) - set(Z_SETTINGS))
+    if unknown:
+        raise TypeError(f"z_settings() takes only {', '.join(Z_SETTINGS)}, got {', '.join(unknown)}")
+    if model.config.granularity_mask == "none":
+        warnings.warn(NO_Z, UserWarning, stacklevel=3)
+        return None, False
+    if "novelty_z_layer" not in given and not hasattr(config, "novelty_z_layer"):
+        warnings.warn(UNCALIBRATED, UserWarning, stacklevel=3)
+    layer = given.get("novelty_z_layer", getattr(config, "novelty_z_layer", DEFAULT_LAYER))
+    return layer, bool(given.get("novelty_z_inverted", getattr(config, "novelty_z_inverted", False)))
+
+
+@torch.no_grad()
+def weigh_source(
+    model,
+    tokenizer: PreTrainedTokenizerBase | None,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor | None = None,
+    layer: int | None = DEFAULT_LAYER,
+    inverted: bool = False,
+) -> SourceWeights:
+    """Run the encoder once and weigh the source's bigrams by how template-like they are, and its tokens by how much
+    they are details: z of encoder layer `layer` (1 - z if `inverted`), per word given the tokenizer (`word_starts`);
+    a uniform weight with `layer=None` or without granularity heads."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    read_z = model.config.granularity_mask != "none" and layer is not None
+    encoded = model.get_encoder()(
+        input_ids=input_ids, attention_mask=attention_mask, output_granularities=read_z, return_dict=True
+    )
+    if read_z:
+        z = encoded.granularities[layer]
+        detail = (1 - z if inverted else z).float().masked_fill(~attention_mask.bool(), 0.0)
+    else:
+        detail = torch.zeros(input_ids.shape, device=input_ids.device)
+    config = model.generation_config
+    specials = [config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id]
+    special_ids = torch.tensor(_token_ids(*specials), device=input_ids.device)
+    starts = word_starts(tokenizer, input_ids) if tokenizer is not None else None
+    if starts is not None:
+        detail = word_detail(detail, starts)
+    ngrams, weights = source_ngrams(input_ids, attention_mask, detail, special_ids, starts)
+    content = content_tokens(input_ids, attention_mask, special_ids)
+    return SourceWeights(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        # only the states (and the source ids, for a copy mechanism) travel on: generate() expands what it is given
+        encoder_outputs=type(encoded)(last_hidden_state=encoded.last_hidden_state, source_ids=input_ids),
+        detail=detail,
+        ngrams=ngrams,
+        weights=weights,
+        keep=(detail if read_z else torch.ones_like(detail)) * content,
+        special_ids=special_ids,
+        eos_ids=torch.tensor(_token_ids(config.eos_token_id), device=input_ids.device),
+    )
+
+
+def check_strength(name: str, value) -> float:
+    """novelty and keep_details: a number in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1] (0: the model's own decoding), got {value!r}")
+    return float(value)
+
+
+def rule_processors(
+    source: SourceWeights, novelty: float, keep_details: float, allow_copy: bool = False
+) -> LogitsProcessorList:
+    """The rules for a weighed source, at these strengths: the source n-gram penalty and the copy rule with novelty
+    above 0 (the copy rule unless `allow_copy`), the pull towards details with keep_details above 0."""
+    processors = LogitsProcessorList()
+    if novelty:
+        processors.append(SourceNgramPenaltyLogitsProcessor(source.ngrams, novelty * MAX_PENALTY * source.weights))
+        if not allow_copy:
+            processors.append(
+                NoCopyLogitsProcessor(source.input_ids, source.attention_mask, source.special_ids, source.eos_ids)
+            )
+    if keep_details:
+        processors.append(DetailBonusLogitsProcessor(source.input_ids, keep_details * MAX_BONUS * source.keep))
+    return processors
+
+
+def granularity_processors(
+    model,
+    tokenizer: PreTrainedTokenizerBase | None,
+    inputs: Mapping[str, torch.Tensor],
+    novelty: float = 0.0,
+    keep_details: float = 0.0,
+    allow_copy: bool = False,
+) -> LogitsProcessorList:
+    """The z rules (module docstring) for one batch of inputs, as logits processors for transformers' own
+    `generate()`: `model.generate(**inputs, logits_processor=granularity_processors(model, tokenizer, inputs,
+    novelty=0.5))`. `inputs` holds `input_ids` (and `attention_mask`) as given to generate(); the tokenizer (or None)
+    tells where words start. z is read from the generation config's calibrated layer (`z_settings`)."""
+    novelty, keep_details = check_strength("novelty", novelty), check_strength("keep_details", keep_details)
+    layer, inverted = z_settings(model)
+    source = weigh_source(model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), layer, inverted)
+    return rule_processors(source, novelty, keep_details, allow_copy)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Scoring candidates: the model's likelihood and the rules themselves, replayed over each prefix
 # ------------------------------------------------------------------------------------------------------------------
 
 
@@ -331,30 +481,35 @@ def log_likelihoods(model, source_ids, encoder_states, attention_mask, sequences
     return torch.cat(totals) / counted.sum(-1).clamp(min=1)
 
 
-def source_overlaps(sequences, ngrams, weights, eos_token_ids) -> torch.Tensor:
-    """Mean template weight of the source n-grams each sequence continues, over its generated tokens, in [0, 1]."""
+def rule_means(
+    processor: LogitsProcessor, sequences: torch.LongTensor, vocab_size: int, eos_token_ids
+) -> torch.Tensor:
+    """What `processor` added to each generated token of each sequence (r, t) when it was chosen, averaged over the
+    sequence's generated tokens: the processor itself run on every prefix, against scores of 0."""
     counted = generated_mask(sequences, eos_token_ids)
-    penalties = ngram_penalties(sequences, ngrams, weights)[:, 1:]
-    return (penalties * counted).sum(-1) / counted.sum(-1).clamp(min=1)
+    added = torch.zeros(counted.shape, device=sequences.device)
+    for t in range(1, sequences.shape[1]):
+        scores = torch.zeros(sequences.shape[0], vocab_size, device=sequences.device)
+        added[:, t - 1] = processor(sequences[:, :t], scores).gather(1, sequences[:, t : t + 1])[:, 0]
+    return (added * counted).sum(-1) / counted.sum(-1).clamp(min=1)
 
 
-def detail_bonuses(sequences: torch.LongTensor, source_ids: torch.LongTensor, keep: torch.Tensor) -> torch.Tensor:
-    """For each position t of each sequence (r, t), the detail weight `DetailBonusLogitsProcessor` gave token t: the
-    largest `keep` of the source tokens equal to it that were still owed after the tokens before t.
-
-    source_ids (r, s) and keep (r, s) are each row's own (already expanded to the rows).
-    """
-    same = sequences[:, :, None] == source_ids[:, None, :]  # (r, t, s)
-    before = earlier_copies(sequences)  # (r, t): copies of token t generated before it
-    owed = same & (before[:, :, None] <= earlier_copies(source_ids)[:, None, :])
-    return (owed * keep[:, None, :]).amax(-1)
-
-
-def details_kept(sequences, source_ids, keep, eos_token_ids) -> torch.Tensor:
-    """Mean detail weight of the source tokens each sequence keeps, over its generated tokens, in [0, 1]."""
-    counted = generated_mask(sequences, eos_token_ids)
-    bonuses = detail_bonuses(sequences, source_ids, keep)[:, 1:]
-    return (bonuses * counted).sum(-1) / counted.sum(-1).clamp(min=1)
+def score_candidates(model, source: SourceWeights, sequences, novelty: float, keep_details: float):
+    """(score, log_likelihood, source_overlap, details_kept) of each row of `sequences` (input-major, as many rows
+    per input): score = log_likelihood - novelty * MAX_PENALTY * source_overlap
+    + keep_details * MAX_BONUS * details_kept, the two rules at unit strength (`rule_means`)."""
+    batch = source.input_ids.shape[0]
+    rows = torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
+    states = source.encoder_outputs.last_hidden_state[rows]
+    likelihood = log_likelihoods(
+        model, source.input_ids[rows], states, source.attention_mask[rows], sequences, source.eos_ids
+    )
+    vocab = model.config.vocab_size
+    overlap = -rule_means(SourceNgramPenaltyLogitsProcessor(source.ngrams, source.weights), sequences, vocab,
+                          source.eos_ids)  # fmt: skip
+    kept = rule_means(DetailBonusLogitsProcessor(source.input_ids, source.keep), sequences, vocab, source.eos_ids)
+    score = likelihood - novelty * MAX_PENALTY * overlap + keep_details * MAX_BONUS * kept
+    return score, likelihood, overlap, kept
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -419,21 +574,8 @@ def calibrate_granularity(
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# generate(..., novelty=x)
+# paraphrase(): diverse candidates, ranked
 # ------------------------------------------------------------------------------------------------------------------
-
-
-def _token_ids(*values) -> list[int]:
-    """The distinct ids among generation-config values that are None, an int, a list or a tensor."""
-    ids = []
-    for value in values:
-        if torch.is_tensor(value):
-            ids += value.flatten().tolist()
-        elif isinstance(value, (list, tuple)):
-            ids += list(value)
-        elif value is not None:
-            ids.append(value)
-    return sorted(set(ids))
 
 
 def _pad_stack(tensors: list[torch.Tensor], value: int | float) -> torch.Tensor:
@@ -444,80 +586,40 @@ def _pad_stack(tensors: list[torch.Tensor], value: int | float) -> torch.Tensor:
 
 
 @dataclass
-class ParaphraseSearch:
-    """One `generate(novelty=..., keep_details=...)` call: its settings, read once, shared by every step."""
+class Search:
+    """One `paraphrase()` call's decoding: the model, the generation config of each beam search (num_return_sequences
+    left out: that is `wanted`), the caller's processors and model kwargs, and the tokenizer (where words start)."""
 
-    generate: Callable  # the model's standard `GenerationMixin.generate`
-    config: GenerationConfig  # with novelty_z_layer / _inverted; num_return_sequences is `wanted` here
-    novelty: float = 0.0
-    keep_details: float = 0.0
-    wanted: int = 1  # candidates per input
-    allow_copy: bool = False
-    return_dict: bool = False
-    processors: LogitsProcessorList = field(default_factory=LogitsProcessorList)  # the caller's, the detail pull
-    model_kwargs: dict = field(default_factory=dict)
-    tokenizer: PreTrainedTokenizerBase | None = None  # generate()'s own (stop strings): where words start
+    model: object
+    config: GenerationConfig
+    wanted: int
+    allow_copy: bool
+    novelty: float
+    processors: LogitsProcessorList
+    model_kwargs: dict
+    tokenizer: PreTrainedTokenizerBase | None
 
-
-@dataclass
-class WeighedSource:
-    """A batch of sources read for `novelty` and `keep_details` (module docstring): the encoder's output, which
-    decoding and scoring reuse; each token's detail (z of the chosen layer, per word given the tokenizer; 0 for a
-    uniform weight); the weighted n-grams of `source_ngrams`; each token's weight to keep (its detail, 1 for a uniform
-    weight, 0 for special tokens and padding); the ids the rules treat as special and as the end."""
-
-    input_ids: torch.LongTensor
-    attention_mask: torch.Tensor
-    encoded: ModelOutput
-    detail: torch.Tensor
-    ngrams: torch.LongTensor
-    weights: torch.Tensor
-    keep: torch.Tensor
-    special_ids: torch.Tensor
-    eos_ids: torch.Tensor
+    def run(self, source: SourceWeights, settings: GenerationConfig, processors) -> torch.LongTensor:
+        """The model's own `generate()` on the source, reusing its encoder pass, with extra logits processors."""
+        return self.model.generate(
+            source.input_ids,
+            generation_config=settings,
+            logits_processor=LogitsProcessorList([*self.processors, *processors]),
+            attention_mask=source.attention_mask,
+            encoder_outputs=copy.copy(source.encoder_outputs),  # a new one: generate() expands it in place
+            **self.model_kwargs,
+        )
 
 
-def weigh_source(model, search: ParaphraseSearch, input_ids, attention_mask, token_type_ids=None) -> WeighedSource:
-    """Run the encoder once and weigh the source's bigrams by how template-like they are, and its tokens by how much
-    they are details: z of the encoder layer `novelty_z_layer` (1 - z if `novelty_z_inverted`), per word given the
-    tokenizer; a uniform weight without granularity heads or layer."""
-    config, layer = search.config, search.config.novelty_z_layer
-    has_z = model.config.granularity_mask != "none"
-    read_z = has_z and layer is not None
-    encoded = model.get_encoder()(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        token_type_ids=token_type_ids,
-        output_granularities=read_z,
-        return_dict=True,
-    )
-    if read_z:
-        z = encoded.granularities[layer]
-        detail = (1 - z if config.novelty_z_inverted else z).masked_fill(~attention_mask.bool(), 0.0)
-    else:
-        detail = torch.zeros(input_ids.shape, device=input_ids.device)
-    specials = [config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id]
-    special_ids = torch.tensor(_token_ids(*specials), device=input_ids.device)
-    starts = word_starts(search.tokenizer, input_ids) if search.tokenizer is not None else None
-    if starts is not None:
-        detail = word_detail(detail, starts)
-    ngrams, weights = source_ngrams(input_ids, attention_mask, detail, special_ids, starts)
-    keep = (detail if read_z else torch.ones_like(detail)) * content_tokens(input_ids, attention_mask, special_ids)
-    eos_ids = torch.tensor(_token_ids(config.eos_token_id), device=input_ids.device)
-    encoded = type(encoded)(last_hidden_state=encoded.last_hidden_state, source_ids=input_ids)  # for a copy mechanism
-    return WeighedSource(input_ids, attention_mask, encoded, detail, ngrams, weights, keep, special_ids, eos_ids)
-
-
-def beam_search(search: ParaphraseSearch, source: WeighedSource, settings, processors) -> torch.LongTensor:
-    """The model's own `generate` on the source, reusing its encoder pass, with extra logits processors."""
-    return search.generate(
-        source.input_ids,
-        generation_config=settings,
-        logits_processor=LogitsProcessorList([*search.processors, *processors]),
-        attention_mask=source.attention_mask,
-        encoder_outputs=copy.copy(source.encoded),  # a new one: generate() expands it in place
-        **search.model_kwargs,
-    )
+def diversity_ngrams(candidate: torch.LongTensor, i: int, source: SourceWeights, tokenizer):
+    """The bigrams of a candidate of input i already chosen, and what repeating each costs a later candidate:
+    DIVERSITY_PENALTY times its template weight, a token's detail being its largest z in the source (0 for a token
+    not in it)."""
+    token_detail = ((candidate[:, None] == source.input_ids[i][None, :]) * source.detail[i][None, :]).amax(-1)
+    ids = candidate[None]
+    starts = word_starts(tokenizer, ids) if tokenizer is not None else None
+    grams, template = source_ngrams(ids, torch.ones_like(ids), token_detail[None], source.special_ids, starts)
+    return grams[0], DIVERSITY_PENALTY * template[0]
 
 
 class CandidateSelection:
@@ -528,7 +630,7 @@ class CandidateSelection:
     turns into) is a last resort, taken only when nothing else is left.
     """
 
-    def __init__(self, search: ParaphraseSearch, source: WeighedSource):
+    def __init__(self, search: Search, source: SourceWeights):
         self.search, self.source, self.allow_copy = search, source, search.allow_copy
         self.special = set(source.special_ids.tolist())
         self.copies = [self.content(ids[mask.bool()]) for ids, mask in zip(source.input_ids, source.attention_mask)]
@@ -556,13 +658,10 @@ class CandidateSelection:
     def penalised_ngrams(self) -> tuple[torch.LongTensor, torch.Tensor]:
         """Per input (b, k, n) and (b, k): its source's n-grams at novelty * MAX_PENALTY times their weight, and the
         bigrams of its candidates chosen so far (`diversity_ngrams`)."""
-        source, tokenizer, grams, costs = self.source, self.search.tokenizer, [], []
+        source, grams, costs = self.source, [], []
         for i, candidates in enumerate(self.chosen):
             bag = [(source.ngrams[i], self.search.novelty * MAX_PENALTY * source.weights[i])]
-            bag += [
-                diversity_ngrams(ids, source.input_ids[i], source.detail[i], source.special_ids, tokenizer)
-                for ids in candidates
-            ]
+            bag += [diversity_ngrams(ids, i, source, self.search.tokenizer) for ids in candidates]
             grams.append(torch.cat([ngrams for ngrams, _ in bag]))
             costs.append(torch.cat([penalties for _, penalties in bag]))
         return _pad_stack(grams, -1), _pad_stack(costs, 0.0)
@@ -589,128 +688,102 @@ class CandidateSelection:
         return self.chosen
 
 
-def decode_groups(search: ParaphraseSearch, source: WeighedSource) -> list[list[torch.Tensor]]:
+def decode_groups(search: Search, source: SourceWeights, rules: LogitsProcessorList) -> list[list[torch.Tensor]]:
     """Up to `wanted` candidates per input from `wanted` beam searches run one after another, each with
-    ceil(num_beams / wanted) beams (all of them for one candidate), penalised on the source's n-grams and on those of
-    the candidates chosen before; the best new beam of each search is chosen (`CandidateSelection`). Each group is a
-    search of its own, so `wanted` may exceed num_beams."""
+    ceil(num_beams / wanted) beams (all of them for one candidate), under `rules` but with the source n-gram penalty
+    replaced by one that also covers the candidates chosen before; the best new beam of each search is chosen
+    (`CandidateSelection`). Each group is a search of its own, so `wanted` may exceed num_beams."""
     settings = copy.deepcopy(search.config)
-    settings.num_beams = max(1, math.ceil(search.config.num_beams / search.wanted))
+    settings.num_beams = max(1, math.ceil((search.config.num_beams or 1) / search.wanted))
     settings.num_return_sequences = settings.num_beams  # every beam: the later ones stand in for a repeated one
-    copy_rule = []
-    if not search.allow_copy:
-        copy_rule.append(
-            NoCopyLogitsProcessor(source.input_ids, source.attention_mask, source.special_ids, source.eos_ids)
-        )
+    others = [rule for rule in rules if not isinstance(rule, SourceNgramPenaltyLogitsProcessor)]
     selection = CandidateSelection(search, source)
     for _ in range(search.wanted):
         penalty = SourceNgramPenaltyLogitsProcessor(*selection.penalised_ngrams())
-        selection.offer(beam_search(search, source, settings, [penalty, *copy_rule]), settings.num_beams)
+        selection.offer(search.run(source, settings, [penalty, *others]), settings.num_beams)
     return selection.fill()
 
 
-def score_candidates(model, search: ParaphraseSearch, source: WeighedSource, sequences) -> tuple[torch.Tensor, ...]:
-    """(score, log_likelihood, source_overlap, details_kept) of each row of `sequences` (input-major, as many rows
-    per input): score = log_likelihood - novelty * MAX_PENALTY * source_overlap
-    + keep_details * MAX_BONUS * details_kept."""
-    batch = source.input_ids.shape[0]
-    rows = torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
-    states = source.encoded.last_hidden_state[rows]
-    likelihood = log_likelihoods(
-        model, source.input_ids[rows], states, source.attention_mask[rows], sequences, source.eos_ids
-    )
-    overlap = source_overlaps(sequences, source.ngrams[rows], source.weights[rows], source.eos_ids)
-    kept = details_kept(sequences, source.input_ids[rows], source.keep[rows], source.eos_ids)
-    score = likelihood - search.novelty * MAX_PENALTY * overlap + search.keep_details * MAX_BONUS * kept
-    return score, likelihood, overlap, kept
-
-
-def ranked_candidates(model, search: ParaphraseSearch, source: WeighedSource, chosen: list[list[torch.Tensor]]):
-    """The candidates as `wanted` rows per input, best first by their score; a row without a candidate is padding
-    with score -inf. One candidate each is returned as it is, scored only for `return_dict`."""
-    batch, wanted, device = len(chosen), search.wanted, source.input_ids.device
+def stack_candidates(chosen: list[list[torch.Tensor]], wanted: int, pad_token_id: int, device) -> tuple:
+    """The candidates as `wanted` rows per input (b * wanted, length), and which rows hold one."""
     length = max((ids.shape[0] for candidates in chosen for ids in candidates), default=2)
-    sequences = torch.full((batch * wanted, length), search.config.pad_token_id or 0, dtype=torch.long, device=device)
-    filled = torch.zeros(batch * wanted, dtype=torch.bool, device=device)
+    sequences = torch.full((len(chosen) * wanted, length), pad_token_id, dtype=torch.long, device=device)
+    filled = torch.zeros(len(chosen) * wanted, dtype=torch.bool, device=device)
     for i, candidates in enumerate(chosen):
         for slot, ids in enumerate(candidates):
             sequences[i * wanted + slot, : ids.shape[0]] = ids
             filled[i * wanted + slot] = True
-    if wanted == 1 and not search.return_dict:
-        return sequences
-    score, likelihood, overlap, kept = score_candidates(model, search, source, sequences)
-    score, likelihood = score.masked_fill(~filled, -math.inf), likelihood.masked_fill(~filled, -math.inf)
-    best_first = score.view(batch, wanted).argsort(dim=-1, descending=True, stable=True)
-    order = (best_first + torch.arange(batch, device=device)[:, None] * wanted).flatten()
-    if not search.return_dict:
-        return sequences[order]
-    overlap, kept = overlap.masked_fill(~filled, math.nan), kept.masked_fill(~filled, math.nan)
-    return CDNPGParaphraseOutput(sequences[order], score[order], likelihood[order], overlap[order], kept[order])
+    return sequences, filled
 
 
-def paraphrase_generate(
+def _wanted(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"num_return_sequences must be a positive integer (candidates per input), got {value!r}")
+    return value
+
+
+@torch.no_grad()
+def paraphrase(
     model,
-    generate: Callable,
-    novelty: float,
-    inputs: torch.LongTensor | None = None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    inputs: Mapping[str, torch.Tensor],
+    novelty: float | None = None,
+    keep_details: float | None = None,
+    num_return_sequences: int | None = None,
+    allow_copy: bool = False,
     generation_config: GenerationConfig | None = None,
     logits_processor: LogitsProcessorList | None = None,
-    allow_copy: bool = False,
-    keep_details: float = 0.0,
-    **kwargs,
-) -> torch.LongTensor | CDNPGParaphraseOutput:
-    """`generate()` with `novelty` and `keep_details` (module docstring); `generate` is the model's standard
-    `GenerationMixin.generate`. Weighs the source (`weigh_source`), decodes the candidate groups (`decode_groups`),
-    and returns the candidates (batch * num_return_sequences, length) best first (`ranked_candidates`), or with
-    `return_dict_in_generate=True` a `CDNPGParaphraseOutput` that adds their scores. `allow_copy=True` lets the
-    source itself be a candidate. With `novelty=0` and `keep_details` above 0 it is the model's own beam search with
-    the pull towards the details alone.
-    """
-    for name, value in (("novelty", novelty), ("keep_details", keep_details)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise ValueError(f"{name} must be a number in [0, 1] (0: the model's own decoding), got {value!r}")
-    config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
-    # n candidates are n searches of their own, so GenerationConfig's check of one search (n <= num_beams) must not
-    # see n: it is kept out of the config until the model's own decoding (novelty 0) needs it
-    wanted = kwargs.pop("num_return_sequences", None) or config.num_return_sequences or 1
-    calibrated = hasattr(config, "novelty_z_layer")
-    config.novelty_z_layer = getattr(config, "novelty_z_layer", DEFAULT_LAYER)
-    config.novelty_z_inverted = getattr(config, "novelty_z_inverted", False)
-    model_kwargs = config.update(**kwargs)  # novelty_z_layer / _inverted given to generate() win
-    requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
-    if requested:
-        raise ValueError(f"generate(novelty=...) returns candidates and their scores; it cannot also give {requested}")
-    return_dict, config.return_dict_in_generate = config.return_dict_in_generate, False
-    input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
-    if input_ids is None or "encoder_outputs" in model_kwargs or "inputs_embeds" in model_kwargs:
-        raise ValueError("generate(novelty=...) needs the source as input_ids (it reads z from its own encoder pass)")
-    processors = LogitsProcessorList(logits_processor or [])
-    if novelty == 0:
-        config.num_return_sequences = wanted
-        if not return_dict and keep_details == 0:  # the model's own decoding, untouched
-            return generate(input_ids, generation_config=config, logits_processor=processors, **model_kwargs)
+    **generate_kwargs,
+) -> CDNPGParaphraseOutput:
+    """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules: per input
+    `num_return_sequences` distinct candidates, best first, with their scores (module docstring).
 
-    attention_mask = model_kwargs.pop("attention_mask", None)
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    token_type_ids = model_kwargs.pop("token_type_ids", None)
-    if model.config.granularity_mask == "none":
-        warnings.warn(NO_Z, UserWarning, stacklevel=3)
-    elif config.novelty_z_layer is not None and not calibrated:
-        warnings.warn(UNCALIBRATED, UserWarning, stacklevel=3)
-    search = ParaphraseSearch(
-        generate, config, novelty, keep_details, wanted, allow_copy, return_dict, processors, model_kwargs,
-        model_kwargs.get("tokenizer"),
-    )  # fmt: skip
-    source = weigh_source(model, search, input_ids, attention_mask, token_type_ids)
-    if keep_details:
-        search.processors.append(DetailBonusLogitsProcessor(source.input_ids, keep_details * MAX_BONUS * source.keep))
+    novelty, keep_details: in [0, 1]; None takes the generation config's `novelty` / `keep_details`, else 0. With
+    novelty 0 the candidates are the model's own beams (with the pull towards details when keep_details is above 0),
+    in their order. allow_copy: the source itself may be a candidate. tokenizer: tells where words start (None: every
+    token is a word). Other keyword arguments are generate()'s (num_beams, max_new_tokens, a logits_processor, ...),
+    and `novelty_z_layer` / `novelty_z_inverted` override the calibrated z (`None` layer: a uniform weight).
+    """
+    config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
+    novelty = check_strength("novelty", getattr(config, "novelty", 0.0) if novelty is None else novelty)
+    keep_details = check_strength(
+        "keep_details", getattr(config, "keep_details", 0.0) if keep_details is None else keep_details
+    )
+    wanted = _wanted(num_return_sequences if num_return_sequences is not None else config.num_return_sequences or 1)
+    given_z = {name: generate_kwargs.pop(name) for name in Z_SETTINGS if name in generate_kwargs}
+    model_kwargs = config.update(**generate_kwargs)
+    requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
+    if requested or config.return_dict_in_generate:
+        raise ValueError(
+            f"paraphrase() returns candidates and their scores; for {requested or 'return_dict_in_generate'} call "
+            "model.generate(logits_processor=granularity_processors(...)), transformers' own"
+        )
+    if "encoder_outputs" in model_kwargs or "inputs_embeds" in model_kwargs:
+        raise ValueError("paraphrase() needs the source as input_ids (it reads z from its own encoder pass)")
+    if config.stop_strings is not None:
+        model_kwargs["tokenizer"] = tokenizer  # generate()'s own, for its stop strings
+    layer, inverted = z_settings(model, config, **given_z)
+    source = weigh_source(model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), layer, inverted)
+    rules = rule_processors(source, novelty, keep_details, allow_copy)
+    search = Search(model, config, wanted, allow_copy, novelty, LogitsProcessorList(logits_processor or []),
+                    model_kwargs, tokenizer)  # fmt: skip
     if novelty == 0:  # the model's own sequences, in their order (with the pull towards the details)
-        sequences = beam_search(search, source, config, [])
-        if not return_dict:
-            return sequences
-        return CDNPGParaphraseOutput(sequences, *score_candidates(model, search, source, sequences))
-    return ranked_candidates(model, search, source, decode_groups(search, source))
+        config.num_return_sequences = wanted
+        sequences = search.run(source, config, rules)
+        filled = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
+    else:
+        chosen = decode_groups(search, source, rules)
+        sequences, filled = stack_candidates(chosen, wanted, config.pad_token_id or 0, source.input_ids.device)
+    score, likelihood, overlap, kept = score_candidates(model, source, sequences, novelty, keep_details)
+    score, likelihood = score.masked_fill(~filled, -math.inf), likelihood.masked_fill(~filled, -math.inf)
+    overlap, kept = overlap.masked_fill(~filled, math.nan), kept.masked_fill(~filled, math.nan)
+    batch = source.input_ids.shape[0]
+    if novelty == 0:
+        order = torch.arange(sequences.shape[0], device=sequences.device)
+    else:
+        best_first = score.view(batch, wanted).argsort(dim=-1, descending=True, stable=True)
+        order = (best_first + torch.arange(batch, device=sequences.device)[:, None] * wanted).flatten()
+    return CDNPGParaphraseOutput(sequences[order], score[order], likelihood[order], overlap[order], kept[order])
 
 
 __all__ = [
@@ -721,6 +794,9 @@ __all__ = [
     "SourceNgramPenaltyLogitsProcessor",
     "calibrate_granularity",
     "content_tokens",
-    "paraphrase_generate",
+    "granularity_processors",
+    "paraphrase",
     "source_ngrams",
+    "word_positions",
+    "word_starts",
 ]

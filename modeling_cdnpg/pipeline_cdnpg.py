@@ -3,19 +3,29 @@
 transformers 5.x removed the built-in text2text-generation pipeline; a checkpoint that declares this class under
 `custom_pipelines` in its config keeps the task name working on 5.x and 4.57.x alike. The `cdnpg paraphrase` command
 runs through it too, so that both decode and detokenise alike. Copied into every saved checkpoint (remote code), so
-it imports only torch and transformers.
+it imports only torch, transformers and its sibling generation_cdnpg.py (`paraphrase`).
 """
 
 import math
+import warnings
 
 import torch
 from transformers import Pipeline, PreTrainedTokenizerBase
 from transformers.utils import logging
 
+from .generation_cdnpg import paraphrase
+
 logger = logging.get_logger(__name__)
 
 NO_LIMIT = 10**6  # transformers' "no limit" model_max_length is 1e30; anything this large is no real limit
 SCORE_KEYS = ("score", "log_likelihood", "source_overlap", "details_kept")
+PARAPHRASE_KEYS = ("novelty", "keep_details", "allow_copy", "novelty_z_layer", "novelty_z_inverted")  # paraphrase()'s
+SHOWN_CHARACTERS = 40  # of an input named in a warning
+
+
+class FewerCandidatesWarning(UserWarning):
+    """An input got fewer candidates than `num_return_sequences`: paraphrase() keeps only distinct ones that are not
+    the input, and the beam searches found no more."""
 
 
 def unreadable(tokenizer: PreTrainedTokenizerBase, text: str) -> str | None:
@@ -39,10 +49,10 @@ class CDNPGText2TextPipeline(Pipeline):
 
     Generation keyword arguments (num_beams, num_return_sequences, max_new_tokens, do_sample, ...) are passed through
     to `model.generate()`; unset ones come from the checkpoint's generation_config (beam 8, 20 new tokens). With
-    `novelty` (0 to 1, see `generation_cdnpg.py`) the candidates are granularity-aware, diverse, best first, and each
-    also has its `score` and the score's parts `log_likelihood`, `source_overlap` and `details_kept`; there may be
-    fewer than `num_return_sequences` when the model finds fewer distinct ones. `keep_details` (0 to 1) pulls the
-    source's details (high z) into the candidates, with or without `novelty`.
+    `novelty` or `keep_details` (0 to 1; or when the generation_config sets one) decoding goes through
+    `generation_cdnpg.paraphrase()`: the candidates are granularity-aware, diverse, best first, and each also has its
+    `score` and the score's parts `log_likelihood`, `source_overlap` and `details_kept`. There may be fewer than
+    `num_return_sequences` when the model finds fewer distinct ones; a `FewerCandidatesWarning` says so.
 
     An input with nothing to paraphrase (empty, blank, or only tokens the tokenizer does not know) gets an empty list
     and a warning. Inputs longer than the model takes are truncated to what it takes.
@@ -87,17 +97,19 @@ class CDNPGText2TextPipeline(Pipeline):
 
     def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs) -> dict[str, torch.Tensor]:
         batch_size = model_inputs["input_ids"].shape[0]
-        if generate_kwargs.get("novelty") is None and generate_kwargs.get("keep_details") is None:
-            output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        settings = {key: generate_kwargs.pop(key) for key in PARAPHRASE_KEYS if key in generate_kwargs}
+        settings = {key: value for key, value in settings.items() if value is not None}  # None: not given
+        config = generate_kwargs.get("generation_config") or self.model.generation_config
+        by_default = any(getattr(config, key, None) is not None for key in ("novelty", "keep_details"))
+        if not by_default and "novelty" not in settings and "keep_details" not in settings:
+            output_ids = self.model.generate(**model_inputs, **generate_kwargs, **settings)  # settings: refused
             return {"output_ids": output_ids.reshape(batch_size, output_ids.shape[0] // batch_size, -1)}
-        # the tokenizer tells generate() where words start: a word is never split to avoid the source's wording
-        generate_kwargs = {"tokenizer": self.tokenizer, **generate_kwargs, "return_dict_in_generate": True}
-        outputs = self.model.generate(**model_inputs, **generate_kwargs)
+        outputs = paraphrase(self.model, self.tokenizer, model_inputs, **settings, **generate_kwargs)
         parts = (outputs.sequences_scores, outputs.log_likelihoods, outputs.source_overlaps, outputs.details_kept)
-        scores = torch.stack(parts, -1)
         return {
             "output_ids": outputs.sequences.reshape(batch_size, -1, outputs.sequences.shape[-1]),
-            "scores": scores.reshape(batch_size, -1, len(SCORE_KEYS)),
+            "scores": torch.stack(parts, -1).reshape(batch_size, -1, len(SCORE_KEYS)),
+            "input_ids": model_inputs["input_ids"],  # named in the warning of fewer candidates than asked
         }
 
     def postprocess(self, model_outputs: dict[str, torch.Tensor], clean_up_tokenization_spaces: bool = True):
@@ -110,7 +122,17 @@ class CDNPGText2TextPipeline(Pipeline):
                 ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
             )
             results.append({"generated_text": text, **(dict(zip(SCORE_KEYS, scores[rank])) if scores else {})})
+        wanted = model_outputs["output_ids"].shape[1]
+        if len(results) < wanted:
+            source = self.tokenizer.decode(model_outputs["input_ids"][0], skip_special_tokens=True)
+            shown = source if len(source) <= SHOWN_CHARACTERS else source[: SHOWN_CHARACTERS - 1] + "…"
+            warnings.warn(
+                f"{shown!r}: {len(results)} of {wanted} candidates: the beam searches found no more that differ "
+                "from each other and from the input (more num_beams may find more)",
+                FewerCandidatesWarning,
+                stacklevel=2,
+            )
         return results
 
 
-__all__ = ["CDNPGText2TextPipeline", "unreadable"]
+__all__ = ["CDNPGText2TextPipeline", "FewerCandidatesWarning", "unreadable"]

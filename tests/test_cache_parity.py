@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
 from cdnpg.hub import REMOTE_CODE_FILES
+from modeling_cdnpg.generation_cdnpg import granularity_processors, paraphrase
 from modeling_cdnpg.modeling_cdnpg import CACHE_NAME
 from tests.conftest import COPYING, MASKS, ROOT, SOURCES, cache_of, why_not_prefix_dependent
 from tests.test_cli import run_cli
@@ -94,12 +95,15 @@ def test_static_cache_decoding_equals_uncached_decoding(paraphrasers, kind):
 @pytest.mark.parametrize("kind", ["resonance", "product", "none", *COPYING])
 def test_novelty_and_keep_details_decode_alike_with_and_without_the_cache(paraphrasers, kind):
     model, tokenizer, inputs = load(paraphrasers[kind])
-    settings = dict(novelty=0.5, keep_details=1.0, num_return_sequences=3, tokenizer=tokenizer)
-    with torch.no_grad():
-        cached = model.generate(**inputs, return_dict_in_generate=True, use_cache=True, **settings)
-        uncached = model.generate(**inputs, return_dict_in_generate=True, use_cache=False, **settings)
+    settings = dict(novelty=0.5, keep_details=1.0, num_return_sequences=3)
+    cached = paraphrase(model, tokenizer, inputs, use_cache=True, **settings)
+    uncached = paraphrase(model, tokenizer, inputs, use_cache=False, **settings)
     assert torch.equal(cached.sequences, uncached.sequences)
     torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores)
+    rules = granularity_processors(model, tokenizer, inputs, novelty=0.5, keep_details=1.0)
+    with torch.no_grad():
+        ruled = [model.generate(**inputs, logits_processor=rules, use_cache=cache) for cache in (True, False)]
+    assert torch.equal(*ruled), "the rules in transformers' own generate()"
 
 
 def test_the_pipeline_paraphrases_alike_with_and_without_the_cache(paraphrasers):
@@ -128,6 +132,7 @@ def test_remote_code_decodes_alike_with_and_without_the_cache_in_a_fresh_process
         import json, logging, warnings
         import torch, transformers
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
         messages = []
         class Collect(logging.Handler):
             def emit(self, record):
@@ -156,8 +161,10 @@ def test_remote_code_decodes_alike_with_and_without_the_cache_in_a_fresh_process
                     out = model.generate(**inputs, cache_implementation="static", return_dict_in_generate=True)
                 cache = out.cache if "cache" in out else out.past_key_values  # its name on 5.24+ / 4.57
                 static_types[kind] = type(cache.self_attention_cache).__name__
+                paraphrase = get_class_from_dynamic_module("generation_cdnpg.paraphrase", folder)
                 found["novelty"] = [
-                    run(novelty=0.5, keep_details=1.0, num_return_sequences=3, tokenizer=tokenizer, use_cache=cache)
+                    paraphrase(model, tokenizer, inputs, novelty=0.5, keep_details=1.0, num_return_sequences=3,
+                               use_cache=cache).sequences.tolist()
                     for cache in (True, False)
                 ]
                 paraphraser = pipeline("text2text-generation", model=folder, trust_remote_code=True)

@@ -1,12 +1,12 @@
 """Granularity-aware paraphrasing (modeling_cdnpg/generation_cdnpg.py): the penalty rule, the copy rule, diverse ranked
-candidates, and where users reach them: `model.generate`, the pipeline (also in fresh processes with remote code, on
-transformers 5.x and 4.57) and `cdnpg paraphrase` through its entry point.
+candidates, and where users reach them: `paraphrase()`, `granularity_processors` with `model.generate`, the pipeline
+(also in fresh processes with remote code, on transformers 5.x and 4.57) and `cdnpg paraphrase` through its entry
+point.
 
 Most mechanics run on `Copier`, a stand-in for a paraphrase model that copies its input, with z set by hand: what
 the rule must change is then known exactly.
 """
 
-import copy
 import itertools
 import json
 import math
@@ -32,10 +32,10 @@ from modeling_cdnpg.generation_cdnpg import (
     MAX_PENALTY,
     DetailBonusLogitsProcessor,
     NoCopyLogitsProcessor,
-    ParaphraseSearch,
     SourceNgramPenaltyLogitsProcessor,
     calibrate_granularity,
-    detail_bonuses,
+    granularity_processors,
+    paraphrase,
     source_ngrams,
     weigh_source,
     word_starts,
@@ -106,6 +106,11 @@ def calibrated(model: CDNPGForConditionalGeneration) -> CDNPGForConditionalGener
     """The model with its z read from the top layer as it comes, as calibrate_granularity would store it."""
     model.generation_config.novelty_z_layer, model.generation_config.novelty_z_inverted = -1, False
     return model
+
+
+def para(model, ids: torch.Tensor, mask: torch.Tensor, **settings):
+    """`paraphrase()` of a batch of id rows, without a tokenizer (every token a word)."""
+    return paraphrase(model, None, {"input_ids": ids, "attention_mask": mask}, **settings)
 
 
 def content(ids: torch.Tensor) -> list[int]:
@@ -221,25 +226,28 @@ def test_detail_bonus_applies_per_input_until_the_hypothesis_holds_as_many_copie
     torch.testing.assert_close(scores, expected)  # row 4 holds input 1's 9: nothing
 
 
-def test_details_kept_counts_exactly_the_bonus_each_generated_token_received():
-    """The scoring's replay (`detail_bonuses`) equals what the processor added at every step, on random sequences."""
-    generator = torch.Generator().manual_seed(0)
-    source = torch.randint(5, 10, (3, 6), generator=generator)
-    keep = torch.rand(3, 6, generator=generator)
-    sequences = torch.cat([torch.full((3, 1), BOS), torch.randint(5, 10, (3, 8), generator=generator)], 1)
-    processor = DetailBonusLogitsProcessor(source, keep)
-    for t in range(1, sequences.shape[1]):
-        added = processor(sequences[:, :t], torch.zeros(3, 12)).gather(1, sequences[:, t : t + 1])[:, 0]
-        torch.testing.assert_close(detail_bonuses(sequences, source, keep)[:, t], added)
+def test_the_scores_parts_are_the_rules_amounts_averaged_over_the_generated_tokens_by_hand():
+    """source_overlap and details_kept of candidates written by hand: each generated token (the end included, what
+    follows it not) counts the largest weight of the source bigram it completes and the detail bonus still owed."""
+    model = Copier(detail={8})
+    ids, mask = sources([5, 6, 8, 9, 8])
+    source = weigh_source(model, None, ids, mask)
+    candidates = torch.tensor([[BOS, 5, 6, 8, 8, 8, EOS, PAD], [BOS, 7, 5, 6, EOS, 5, 6, 8]])
+    from modeling_cdnpg.generation_cdnpg import score_candidates
+
+    _, _, overlap, kept = score_candidates(model, source, candidates, novelty=1.0, keep_details=1.0)
+    # row 0: 5 after [CLS] (w 1), 6 after 5 (w 1), 8 after 6 (w 0), 8 8 and [SEP] complete no source bigram: 2 / 6;
+    # 8 is a detail owed twice: the first two 8s count 1, the third nothing: 2 / 6
+    # row 1: 7 nothing, 5 nothing (not after [CLS]), 6 after 5 (1), [SEP] ends it: 1 / 4, and no detail
+    torch.testing.assert_close(overlap, torch.tensor([2 / 6, 1 / 4]))
+    torch.testing.assert_close(kept, torch.tensor([2 / 6, 0.0]))
 
 
 def test_the_weight_to_keep_is_z_of_content_tokens_and_uniform_without_granularity_heads():
     ids, mask = sources([5, 8, 9], [8])
 
     def weighed(model):
-        config = copy.deepcopy(model.generation_config)
-        config.novelty_z_layer, config.novelty_z_inverted = -1, False
-        return weigh_source(model, ParaphraseSearch(model.generate, config), ids, mask)
+        return weigh_source(model, None, ids, mask, layer=-1, inverted=False)
 
     with_z = weighed(Copier(detail={8}))
     assert with_z.keep.tolist() == [[0, 0, 1, 0, 0], [0, 1, 0, 0, 0]], "specials and padding keep nothing"
@@ -248,7 +256,7 @@ def test_the_weight_to_keep_is_z_of_content_tokens_and_uniform_without_granulari
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# generate(novelty=...)
+# paraphrase() and granularity_processors
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -265,18 +273,15 @@ def test_the_weight_to_keep_is_z_of_content_tokens_and_uniform_without_granulari
 def test_novelty_zero_leaves_the_output_byte_identical(settings):
     model = calibrated(tiny_model())
     ids, mask = sources([5, 6, 7, 8, 9], [10, 11])
-    outputs = []
-    for extra in (
-        {},
-        {"novelty": 0},
-        {"novelty": 0, "return_dict_in_generate": True},
-        {"keep_details": 0},
-        {"novelty": 0, "keep_details": 0, "return_dict_in_generate": True},
-    ):
+    torch.manual_seed(0)
+    outputs = [model.generate(ids, attention_mask=mask, max_new_tokens=8, **settings)]
+    for extra in ({}, {"novelty": 0}, {"keep_details": 0}, {"novelty": 0, "keep_details": 0}):
         torch.manual_seed(0)
-        output = model.generate(ids, attention_mask=mask, max_new_tokens=8, **settings, **extra)
-        outputs.append(output if torch.is_tensor(output) else output.sequences)
-    assert all(torch.equal(outputs[0], output) for output in outputs[1:])
+        outputs.append(para(model, ids, mask, max_new_tokens=8, **settings, **extra).sequences)
+    torch.manual_seed(0)
+    rules = granularity_processors(model, None, {"input_ids": ids, "attention_mask": mask})
+    outputs.append(model.generate(ids, attention_mask=mask, max_new_tokens=8, logits_processor=rules, **settings))
+    assert len(rules) == 0 and all(torch.equal(outputs[0], output) for output in outputs[1:])
 
 
 def test_a_high_penalty_removes_template_bigrams_while_a_detail_is_still_copied():
@@ -289,15 +294,21 @@ def test_a_high_penalty_removes_template_bigrams_while_a_detail_is_still_copied(
     plain = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=8)
     assert content(plain[0]) == [5, 6, 8, 9] and content(plain[1]) == [12, 13, 14]
 
-    paraphrase = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=1.0)
-    first = [BOS, *content(paraphrase[0])]
+    found = para(model, ids, mask, num_beams=4, max_new_tokens=8, novelty=1.0).sequences
+    first = [BOS, *content(found[0])]
     assert not bigrams(first) & template, first
     assert (6, 8) in bigrams(first) and 8 in first, "the detail is copied where it follows the template"
-    assert not bigrams([BOS, *content(paraphrase[1])]) & bigrams([BOS, 12, 13, 14]), "the other input, its own"
-
-    uniform = model.generate(
-        ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=1.0, novelty_z_layer=None
+    assert not bigrams([BOS, *content(found[1])]) & bigrams([BOS, 12, 13, 14]), "the other input, its own"
+    # the same rules through transformers' own generate(): the same first candidate
+    rules = granularity_processors(model, None, {"input_ids": ids, "attention_mask": mask}, novelty=1.0)
+    assert torch.equal(
+        model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=8, logits_processor=rules)[
+            0, : found.shape[1]
+        ],
+        found[0],
     )
+
+    uniform = para(model, ids, mask, num_beams=4, max_new_tokens=8, novelty=1.0, novelty_z_layer=None).sequences
     assert (6, 8) not in bigrams([BOS, *content(uniform[0])]), "without z, (6, 8) is template like the rest"
 
 
@@ -318,12 +329,17 @@ def test_keep_details_brings_back_a_detail_the_model_would_drop_by_its_z_and_sco
     At keep_details 0.5 (2 nats) it is still dropped, and with z the wrong way round 8 weighs 0."""
     model = Copier(detail={8}, cost=0.5)
     ids, mask = sources([5, 6, 8, 9])
-    settings = dict(attention_mask=mask, num_beams=4, max_new_tokens=8, logits_processor=[Discourage(8, 3.0)])
-    assert 8 not in content(model.generate(ids, **settings)[0])
-    kept = model.generate(ids, keep_details=1.0, return_dict_in_generate=True, **settings)
+    settings = dict(num_beams=4, max_new_tokens=8, logits_processor=[Discourage(8, 3.0)])
+    assert 8 not in content(model.generate(ids, attention_mask=mask, **settings)[0])
+    kept = para(model, ids, mask, keep_details=1.0, **settings)
     assert content(kept.sequences[0]) == [5, 6, 8, 9]
-    assert 8 not in content(model.generate(ids, keep_details=0.5, **settings)[0])
-    assert 8 not in content(model.generate(ids, keep_details=1.0, novelty_z_inverted=True, **settings)[0])
+    rules = granularity_processors(model, None, {"input_ids": ids, "attention_mask": mask}, keep_details=1.0)
+    in_generate = model.generate(
+        ids, attention_mask=mask, **{**settings, "logits_processor": [Discourage(8, 3.0), *rules]}
+    )
+    assert content(in_generate[0]) == [5, 6, 8, 9], "the rule alone, in transformers' generate()"
+    assert 8 not in content(para(model, ids, mask, keep_details=0.5, **settings).sequences[0])
+    assert 8 not in content(para(model, ids, mask, keep_details=1.0, novelty_z_inverted=True, **settings).sequences[0])
     # the score is what the search maximised: only 8 of its five tokens (5 6 8 9 [SEP]) was a detail owed
     torch.testing.assert_close(kept.details_kept[0], torch.tensor(1 / 5))
     torch.testing.assert_close(kept.sequences_scores[0], kept.log_likelihoods[0] + MAX_BONUS * kept.details_kept[0])
@@ -332,21 +348,24 @@ def test_keep_details_brings_back_a_detail_the_model_would_drop_by_its_z_and_sco
 def test_the_source_itself_is_never_returned_unless_allowed_nor_with_words_appended_unless_nothing_else():
     model = Copier(detail={5, 6, 7})  # all detail: no penalty at all, only the copy rule
     ids, mask = sources([5, 6, 7])
-    beams = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=0.1)
+    beams = para(model, ids, mask, num_beams=4, max_new_tokens=8, novelty=0.1).sequences
     assert content(beams[0])[:3] != [5, 6, 7], "neither the copy nor the copy with a word appended"
-    greedy = model.generate(ids, attention_mask=mask, num_beams=1, max_new_tokens=8, novelty=0.1)
+    greedy = para(model, ids, mask, num_beams=1, max_new_tokens=8, novelty=0.1).sequences
     assert content(greedy[0])[:3] == [5, 6, 7] and len(content(greedy[0])) > 3, "the one hypothesis: a last resort"
-    allowed = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=0.1, allow_copy=True)
+    allowed = para(model, ids, mask, num_beams=4, max_new_tokens=8, novelty=0.1, allow_copy=True).sequences
     assert content(allowed[0]) == [5, 6, 7]
+    rules = granularity_processors(model, None, {"input_ids": ids, "attention_mask": mask}, novelty=0.1)
+    ended = model.generate(ids, attention_mask=mask, num_beams=1, max_new_tokens=8, logits_processor=rules)
+    assert content(ended[0])[:3] == [5, 6, 7] and len(content(ended[0])) > 3, "the copy rule, in generate()"
 
 
 @pytest.mark.parametrize("keep_details", [0.0, 0.25])
 def test_candidates_are_distinct_never_the_input_and_ranked_by_their_returned_score(keep_details):
     model = Copier(detail={8})
     ids, mask = sources([5, 6, 8, 9], [12, 13])
-    out = model.generate(
-        ids, attention_mask=mask, num_beams=4, max_new_tokens=8, novelty=0.5, num_return_sequences=3,
-        return_dict_in_generate=True, keep_details=keep_details,
+    out = para(
+        model, ids, mask, num_beams=4, max_new_tokens=8, novelty=0.5, num_return_sequences=3,
+        keep_details=keep_details,
     )  # fmt: skip
     assert out.sequences.shape[0] == 6
     for i, source in enumerate(([5, 6, 8, 9], [12, 13])):
@@ -366,10 +385,7 @@ def test_more_candidates_than_beams_come_from_as_many_searches_each_with_at_leas
     single search asked for more sequences than it has beams (which transformers refuses)."""
     model = Copier(detail={8})
     ids, mask = sources([5, 6, 8, 9])
-    out = model.generate(
-        ids, attention_mask=mask, num_beams=2, max_new_tokens=8, novelty=1.0, num_return_sequences=5,
-        return_dict_in_generate=True,
-    )  # fmt: skip
+    out = para(model, ids, mask, num_beams=2, max_new_tokens=8, novelty=1.0, num_return_sequences=5)
     assert out.sequences.shape[0] == 5
     filled = out.sequences_scores > -math.inf
     texts = [tuple(content(row)) for row, full in zip(out.sequences, filled) if full]
@@ -380,8 +396,7 @@ def test_more_candidates_than_beams_come_from_as_many_searches_each_with_at_leas
 def test_log_likelihood_is_the_models_own_mean_token_log_probability():
     model = Copier(detail=set(), cost=1.5)
     ids, mask = sources([5, 6])
-    out = model.generate(ids, attention_mask=mask, num_beams=2, max_new_tokens=6, novelty=0.0,
-                         return_dict_in_generate=True)  # fmt: skip
+    out = para(model, ids, mask, num_beams=2, max_new_tokens=6, novelty=0.0)
     assert content(out.sequences[0]) == [5, 6], "novelty 0: the copy"
     # [CLS] 5 6 [SEP]: three tokens, each the copier's first choice, log p = log_softmax of (0, -1.5, -30, ...)
     first_choice = torch.tensor([0.0, -1.5] + [-30.0] * 58).log_softmax(0)[0]
@@ -393,8 +408,7 @@ def test_log_likelihood_is_the_models_own_mean_token_log_probability():
 def test_candidates_of_a_random_model_are_distinct_and_padded_rows_say_so():
     model = calibrated(tiny_model())
     ids, mask = sources([5, 6, 7, 8, 9], [10, 11])
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=6, novelty=0.5, num_return_sequences=4,
-                         return_dict_in_generate=True)  # fmt: skip
+    out = para(model, ids, mask, max_new_tokens=6, novelty=0.5, num_return_sequences=4)
     for i in range(2):
         rows = out.sequences[4 * i : 4 * i + 4]
         filled = out.sequences_scores[4 * i : 4 * i + 4] > -math.inf
@@ -406,32 +420,37 @@ def test_candidates_of_a_random_model_are_distinct_and_padded_rows_say_so():
 def test_bad_novelty_is_refused_with_its_value():
     model = calibrated(tiny_model())
     ids, mask = sources([5, 6])
+    inputs = {"input_ids": ids, "attention_mask": mask}
     for value in (-0.1, 1.5, "high", True):
         with pytest.raises(ValueError, match="novelty must be a number in \\[0, 1\\]"):
-            model.generate(ids, attention_mask=mask, novelty=value)
+            para(model, ids, mask, novelty=value)
         with pytest.raises(ValueError, match="keep_details must be a number in \\[0, 1\\]"):
-            model.generate(ids, attention_mask=mask, keep_details=value)
-    with pytest.raises(ValueError, match="cannot also give"):
-        model.generate(ids, attention_mask=mask, novelty=0.5, output_scores=True, return_dict_in_generate=True)
+            para(model, ids, mask, keep_details=value)
+        with pytest.raises(ValueError, match="novelty must be a number in \\[0, 1\\]"):
+            granularity_processors(model, None, inputs, novelty=value)
+    with pytest.raises(ValueError, match="granularity_processors"):
+        para(model, ids, mask, novelty=0.5, output_scores=True, return_dict_in_generate=True)
 
 
 def test_a_model_without_granularity_heads_warns_and_uses_a_uniform_weight():
     model = tiny_model(granularity_mask="none")
     ids, mask = sources([5, 6, 7])
     with pytest.warns(UserWarning, match="no granularity heads.*uniform weight"):
-        model.generate(ids, attention_mask=mask, max_new_tokens=4, novelty=0.5)
+        para(model, ids, mask, max_new_tokens=4, novelty=0.5)
+    with pytest.warns(UserWarning, match="no granularity heads.*uniform weight"):
+        granularity_processors(model, None, {"input_ids": ids, "attention_mask": mask}, novelty=0.5)
 
 
 def test_an_uncalibrated_checkpoint_says_so_and_the_novelty_default_comes_from_the_generation_config():
     model = tiny_model()
     ids, mask = sources([5, 6, 7])
     with pytest.warns(UserWarning, match="not calibrated"):
-        expected = model.generate(ids, attention_mask=mask, max_new_tokens=4, novelty=0.5)
+        expected = para(model, ids, mask, max_new_tokens=4, novelty=0.5).sequences
     model.generation_config.novelty = 0.5
     model.generation_config.novelty_z_layer, model.generation_config.novelty_z_inverted = -1, False
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=4), expected)
+        assert torch.equal(para(model, ids, mask, max_new_tokens=4).sequences, expected)
 
 
 def test_calibration_picks_the_layer_that_tells_rare_tokens_from_frequent_ones_and_its_orientation():
@@ -459,8 +478,13 @@ def test_calibration_picks_the_layer_that_tells_rare_tokens_from_frequent_ones_a
 def test_calibration_reads_texts_longer_than_the_model_takes():
     tokenizer = train_wordpiece_tokenizer(["how do i learn python ?"] * 3, vocab_size=60, min_frequency=1)
     model = tiny_model(vocab_size=len(tokenizer))  # 64 positions
-    found = calibrate_granularity(model, tokenizer, ["how do i learn python ? " * 30, "why ?"], common_tokens=3)
-    assert len(found["separation"]) == model.config.encoder_layers
+    long = "how do i learn python ? " * 30  # 180 tokens
+    found = calibrate_granularity(model, tokenizer, [long, "why ?"], common_tokens=0)
+    # what the model takes of it, by hand: its first 62 tokens and the two special ones
+    cut = tokenizer.decode(tokenizer(long, truncation=True, max_length=64)["input_ids"], skip_special_tokens=True)
+    by_hand = calibrate_granularity(model, tokenizer, [cut, "why ?"], common_tokens=0)
+    assert found["separation"] == pytest.approx(by_hand["separation"], abs=1e-4)
+    assert all(value != 0 for value in found["separation"]), "every token rare here: its mean z, never 0"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -546,6 +570,29 @@ def test_pipeline_gives_more_novelty_candidates_than_beams(checkpoint, num_beams
     assert scores == sorted(scores, reverse=True)
 
 
+def test_pipeline_warns_when_it_returns_fewer_candidates_than_asked(checkpoint):
+    """Issue 41: `novelty=0.9, num_return_sequences=12` gave 7 candidates without a word. The copier has few distinct
+    paraphrases in it: the pipeline says how many of how many, naming the input, through the warnings module."""
+    from modeling_cdnpg.pipeline_cdnpg import FewerCandidatesWarning
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    paraphraser = CDNPGText2TextPipeline(model=Copier(vocab_size=len(tokenizer)), tokenizer=tokenizer, device="cpu")
+    with pytest.warns(FewerCandidatesWarning) as caught:
+        candidates = paraphraser([SENTENCE, "why ?"], novelty=0.9, num_return_sequences=12, num_beams=1,
+                                 max_new_tokens=3)  # fmt: skip
+    counts = [len(found) for found in candidates]
+    assert all(count < 12 for count in counts)
+    messages = [str(warning.message) for warning in caught]
+    assert len(messages) == 2, messages
+    assert any(message.startswith(f"{SENTENCE!r}: {counts[0]} of 12 candidates: ") for message in messages), messages
+    named = repr(tokenizer.decode(tokenizer("why ?")["input_ids"], skip_special_tokens=True))
+    assert any(message.startswith(f"{named}: {counts[1]} of 12 candidates: ") for message in messages), messages
+    assert all("more num_beams may find more" in message for message in messages)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FewerCandidatesWarning)
+        assert len(paraphraser(SENTENCE, novelty=0.9, num_return_sequences=1, max_new_tokens=3)) == 1
+
+
 @pytest.mark.parametrize("text", ["", "   ", "\t\n", "北京欢迎你"])
 def test_pipeline_gives_nothing_readable_no_paraphrase_and_warns(checkpoint, text, caplog):
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -575,36 +622,49 @@ def test_pipeline_and_cli_detokenise_alike(checkpoint):
 
 
 @pytest.mark.parametrize("python", PYTHONS)
-def test_fresh_process_generate_and_pipeline_with_novelty(python, checkpoint, tmp_path):
+def test_fresh_process_paraphrase_processors_and_pipeline_with_novelty(python, checkpoint, tmp_path):
+    """The remote code alone (no modeling_cdnpg package): paraphrase() and granularity_processors reached with
+    transformers' get_class_from_dynamic_module, generate() with the rules, and the pipeline, as in this process."""
     model = CDNPGForConditionalGeneration.from_pretrained(checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     inputs = tokenizer([SENTENCE, "what is the best way to travel ?"], return_tensors="pt", padding=True)
-    expected = model.generate(**inputs, max_new_tokens=8, novelty=0.5, num_return_sequences=2)
-    kept = model.generate(**inputs, max_new_tokens=8, novelty=0.5, keep_details=0.5, num_return_sequences=2)
+    expected = paraphrase(model, tokenizer, inputs, max_new_tokens=8, novelty=0.5, num_return_sequences=2)
+    kept = paraphrase(
+        model, tokenizer, inputs, max_new_tokens=8, novelty=0.5, keep_details=0.5, num_return_sequences=2
+    )
+    rules = granularity_processors(model, tokenizer, inputs, novelty=0.5, keep_details=0.5)
+    ruled = model.generate(**inputs, max_new_tokens=8, logits_processor=rules)
     plain = model.generate(**inputs, max_new_tokens=8)
     got = run_isolated(
         python,
         f"""
         import json, torch
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
         path = {str(checkpoint)!r}
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
         model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True)
+        paraphrase = get_class_from_dynamic_module("generation_cdnpg.paraphrase", path)
+        processors = get_class_from_dynamic_module("generation_cdnpg.granularity_processors", path)
         inputs = tokenizer({[SENTENCE, "what is the best way to travel ?"]!r}, return_tensors="pt", padding=True)
-        ids = model.generate(**inputs, max_new_tokens=8, novelty=0.5, num_return_sequences=2).tolist()
-        kept = model.generate(**inputs, max_new_tokens=8, novelty=0.5, keep_details=0.5, num_return_sequences=2)
-        zero = model.generate(**inputs, max_new_tokens=8, novelty=0, keep_details=0).tolist()
+        ids = paraphrase(model, tokenizer, inputs, max_new_tokens=8, novelty=0.5, num_return_sequences=2)
+        kept = paraphrase(model, tokenizer, inputs, max_new_tokens=8, novelty=0.5, keep_details=0.5,
+                          num_return_sequences=2)
+        rules = processors(model, tokenizer, inputs, novelty=0.5, keep_details=0.5)
+        ruled = model.generate(**inputs, max_new_tokens=8, logits_processor=rules).tolist()
+        zero = paraphrase(model, tokenizer, inputs, max_new_tokens=8, novelty=0, keep_details=0).sequences.tolist()
         paraphraser = pipeline("text2text-generation", model=path, trust_remote_code=True)
         candidates = paraphraser({SENTENCE!r}, novelty=0.5, num_return_sequences=2, max_new_tokens=8)
         detailed = paraphraser({SENTENCE!r}, keep_details=0.5, max_new_tokens=8)
-        print(json.dumps({{"ids": ids, "kept": kept.tolist(), "zero": zero, "candidates": candidates,
-                          "detailed": detailed, "module": type(model).__module__}}))
+        print(json.dumps({{"ids": ids.sequences.tolist(), "kept": kept.sequences.tolist(), "ruled": ruled,
+                          "zero": zero, "candidates": candidates, "detailed": detailed,
+                          "module": type(model).__module__}}))
         """,
         cwd=tmp_path,
     )
     assert got["module"].startswith("transformers_modules")
-    assert got["ids"] == expected.tolist() and got["kept"] == kept.tolist()
-    assert got["zero"] == plain.tolist()
+    assert got["ids"] == expected.sequences.tolist() and got["kept"] == kept.sequences.tolist()
+    assert got["ruled"] == ruled.tolist() and got["zero"] == plain.tolist()
     assert 1 <= len(got["candidates"]) <= 2 and all("score" in c for c in got["candidates"])
     assert len(got["detailed"]) == 1 and "details_kept" in got["detailed"][0]
 
