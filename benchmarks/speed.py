@@ -224,13 +224,10 @@ def kernels(events, device: torch.device) -> int:
     if device.type == "cuda":
         return sum(event.device_type == DeviceType.CUDA for event in events)
 
-    def outermost(event) -> bool:
-        while (event := event.cpu_parent) is not None:
-            if launches(event.name):
-                return False
-        return True
+    def nested(event) -> bool:  # inside an op that launches a kernel: part of that op's
+        return (parent := event.cpu_parent) is not None and (launches(parent.name) or nested(parent))
 
-    return sum(launches(event.name) and outermost(event) for event in events)
+    return sum(launches(event.name) and not nested(event) for event in events)
 
 
 def count_kernels(call, part: str, new_tokens: int, device: torch.device) -> dict[str, float]:
@@ -272,7 +269,7 @@ def measure(args, model_kw: dict, length: int, part: str, plan: list[tuple], res
     for runner in runners:
         if (name := model_name(runner)) not in models:
             models[name] = build_model(runner, model_kw)
-            if args.profile:
+            if args.profile and not runner.endswith("+static"):  # dynamo cannot trace the hooks' ranges
                 label_modules(models[name])
         calls[runner] = workload(runner, models[name], part, batch, length, new_tokens, args)
     if not args.profile:
@@ -282,10 +279,9 @@ def measure(args, model_kw: dict, length: int, part: str, plan: list[tuple], res
             results["kernels"][f"L{length}/{part}/{runner}"] = count_kernels(call, part, new_tokens, args.device)
         for key, _, numerator, denominator, _ in plan:
             counted = [results["kernels"].get(f"L{length}/{part}/{runner}", {}) for runner in (numerator, denominator)]
-            if not all(counted):
-                continue
             of = "step" if all("step" in c for c in counted) else "total"  # else generate() per token
-            results["kernel_ratios"][f"L{length}/{key}"] = counted[0][of] / counted[1][of]
+            if all(counted):  # inductor's CPU runners are not counted
+                results["kernel_ratios"][f"L{length}/{key}"] = counted[0][of] / counted[1][of]
     if args.kernels_only:
         return
     if args.profile:  # instead of the timing: one profiled call of each runner, after a warm-up call
