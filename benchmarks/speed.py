@@ -6,10 +6,11 @@
     python benchmarks/speed.py --seq-lens 20 --parts train --profile prof  # where the time goes: torch.profiler
     python benchmarks/speed.py --seq-lens 20 --kernels-only --out k.json  # kernels per step, no timing
 
-`comparisons` lists the ratios and TARGETS their bounds. Every runner's kernels per call are counted beside its
-times (`count_kernels`): on a GPU, where a small model is launch-bound, they set the step time. The models of a part take turns in rotated order, each call
+`comparisons` lists the ratios and TARGETS their bounds. The models of a part take turns in rotated order, each call
 a `torch.utils.benchmark.Timer` measurement (CPU: process time, one thread); a ratio is the median of the per-round
-ratios. Protocol, reading and GPU command: docs/speed.md; tables and figures of result files: benchmarks/report.py.
+ratios. Every runner's kernels per call are counted beside its times (`count_kernels`): on a GPU, where a small
+model is launch-bound, they set the step time. Protocol, reading and GPU command: docs/speed.md; tables and figures
+of result files: benchmarks/report.py.
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def workload(runner: str, model, part: str, batch: int, length: int, new_tokens:
 
     if runner.endswith("+cache"):  # one cached step of 8 beams of one source, as beam search runs it
         beams, state = source[:1].expand(config.num_beams, -1), {}
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast:
             encoded = model.get_encoder()(input_ids=beams, attention_mask=mask[:1].expand_as(beams))
         start = torch.full((config.num_beams, 1), config.decoder_start_token_id, device=args.device)
 
