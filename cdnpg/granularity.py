@@ -224,7 +224,9 @@ def high_z_words(
             attention_mask=batch["attention_mask"].to(model.device),
             output_granularities=True,
         ).granularities[layer]
-        z = z.double().cpu()  # 1 - z exact, so that the two orientations split the words at 0.5
+        z = z.float().cpu()
+        # oriented, then per word, as decoding weighs it (`weigh_source`): inverted, a word's detail is its pieces'
+        # largest 1 - z
         detail = word_detail(1 - z if inverted else z, word_starts(tokenizer, batch["input_ids"]))
         groups = word_positions(tokenizer, batch["input_ids"], batch["attention_mask"])
         for row, (text, words) in enumerate(zip(texts, groups)):

@@ -46,7 +46,9 @@ of source x is scored
 with log_likelihood the mean log p(y_t | y_<t, x) over its tokens (end token included) under the model alone,
 teacher-forced, and source_overlap and details_kept the mean amounts the two processors, unscaled, give its tokens,
 computed by running those same processors over the candidate's prefixes (`rule_means`): the quantity the beam search
-with both rules maximises, each rule written once. `novelty=0` is the model's own decoding (with `keep_details`
+with both rules maximises, each rule written once. `rank_by="reverse_likelihood"` ranks by log p(x | y) under the
+same model instead (`reverse_log_likelihoods`; for a model trained on both directions), "score+reverse_likelihood"
+by the sum. `novelty=0` is the model's own decoding (with `keep_details`
 above 0, with the pull towards the details alone), in its order. The encoder runs once per `paraphrase()` call.
 Copied into every saved checkpoint (remote code): imports only torch and transformers, on 4.57 and 5.x.
 """
@@ -79,6 +81,11 @@ UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "o
 DEFAULT_LAYER = -1  # the top encoder layer, when the checkpoint's generation_config names none (calibrate_granularity)
 RESCORE_ELEMENTS = 2**24  # logits held at once when rescoring candidates (64 MiB of fp32)
 Z_SETTINGS = ("novelty_z_layer", "novelty_z_inverted")  # which z the rules read: the generation config's, or given
+RANKINGS = {  # paraphrase(rank_by=...): what ranks the candidates
+    "score": "the decoding score (log_likelihood and the two rules)",
+    "reverse_likelihood": "log p(source | candidate) under the same model (meaningful when trained --both_directions)",
+    "score+reverse_likelihood": "the sum of the two",
+}
 
 
 @dataclass
@@ -88,11 +95,13 @@ class CDNPGParaphraseOutput(ModelOutput):
 
     sequences (`(batch * n, length)`): the candidates' ids; a row that could not be filled (fewer distinct
         candidates than asked for) is all padding, with score -inf.
-    sequences_scores (`(batch * n,)`): the ranking score, log_likelihood - novelty * MAX_PENALTY * source_overlap
-        + keep_details * MAX_BONUS * details_kept.
+    sequences_scores (`(batch * n,)`): what the candidates are ranked by (`RANKINGS`): by default the score
+        log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept.
     log_likelihoods (`(batch * n,)`): mean log-probability of the candidate's tokens under the model alone.
     source_overlaps (`(batch * n,)`): mean template weight of the source bigrams the candidate repeats, in [0, 1].
     details_kept (`(batch * n,)`): mean detail weight of the source tokens the candidate keeps, in [0, 1].
+    reverse_log_likelihoods (`(batch * n,)`, with `rank_by` other than "score"): mean log p(x_t | x_<t, y) of the
+        source x given the candidate y, under the same model (`reverse_log_likelihoods`).
     """
 
     sequences: torch.LongTensor | None = None
@@ -100,6 +109,7 @@ class CDNPGParaphraseOutput(ModelOutput):
     log_likelihoods: torch.FloatTensor | None = None
     source_overlaps: torch.FloatTensor | None = None
     details_kept: torch.FloatTensor | None = None
+    reverse_log_likelihoods: torch.FloatTensor | None = None
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -512,6 +522,26 @@ def score_candidates(model, source: SourceWeights, sequences, novelty: float, ke
     return score, likelihood, overlap, kept
 
 
+@torch.no_grad()
+def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongTensor) -> torch.Tensor:
+    """Mean log p(x_t | x_<t, y) over each source x's tokens (end token included), teacher-forced, with its candidate
+    y (rows of `sequences`, input-major, as many per input) as the encoder's input: how well the candidate gives the
+    source back under the same model read the other way round, which a model trained on both directions
+    (run.py --both_directions) has learnt, with no extra weights. The candidate is wrapped as a source is (the
+    source's first token in place of the decoder start, its end token, no padding counted), and the source is
+    decoded after the decoder start token."""
+    batch = source.input_ids.shape[0]
+    rows = torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
+    pad = model.config.pad_token_id or 0
+    kept = F.pad(generated_mask(sequences, source.eos_ids), (1, 0), value=True)  # the start, the tokens, the end
+    candidates = sequences.masked_fill(~kept, pad)
+    candidates[:, 0] = source.input_ids[rows, 0]
+    states = model.get_encoder()(input_ids=candidates, attention_mask=kept.long(), return_dict=True)
+    targets = source.input_ids[rows].masked_fill(~source.attention_mask[rows].bool(), pad)
+    targets[:, 0] = model.generation_config.decoder_start_token_id
+    return log_likelihoods(model, candidates, states.last_hidden_state, kept.long(), targets, source.eos_ids)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Which layer's z, which way round
 # ------------------------------------------------------------------------------------------------------------------
@@ -731,6 +761,7 @@ def paraphrase(
     keep_details: float | None = None,
     num_return_sequences: int | None = None,
     allow_copy: bool = False,
+    rank_by: str = "score",
     generation_config: GenerationConfig | None = None,
     logits_processor: LogitsProcessorList | None = None,
     **generate_kwargs,
@@ -740,10 +771,13 @@ def paraphrase(
 
     novelty, keep_details: in [0, 1]; None takes the generation config's `novelty` / `keep_details`, else 0. With
     novelty 0 the candidates are the model's own beams (with the pull towards details when keep_details is above 0),
-    in their order. allow_copy: the source itself may be a candidate. tokenizer: tells where words start (None: every
+    in their order. allow_copy: the source itself may be a candidate. rank_by: what ranks the candidates, one of
+    `RANKINGS` ("reverse_likelihood" adds `reverse_log_likelihoods`; ranked so even at novelty 0). tokenizer: tells where words start (None: every
     token is a word). Other keyword arguments are generate()'s (num_beams, max_new_tokens, a logits_processor, ...),
     and `novelty_z_layer` / `novelty_z_inverted` override the calibrated z (`None` layer: a uniform weight).
     """
+    if rank_by not in RANKINGS:
+        raise ValueError(f"rank_by must be one of {', '.join(map(repr, RANKINGS))}, got {rank_by!r}")
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     novelty = check_strength("novelty", getattr(config, "novelty", 0.0) if novelty is None else novelty)
     keep_details = check_strength(
@@ -775,15 +809,26 @@ def paraphrase(
         chosen = decode_groups(search, source, rules)
         sequences, filled = stack_candidates(chosen, wanted, config.pad_token_id or 0, source.input_ids.device)
     score, likelihood, overlap, kept = score_candidates(model, source, sequences, novelty, keep_details)
+    reverse = None
+    if rank_by != "score":
+        reverse = reverse_log_likelihoods(model, source, sequences).masked_fill(~filled, -math.inf)
+        score = reverse if rank_by == "reverse_likelihood" else score + reverse
     score, likelihood = score.masked_fill(~filled, -math.inf), likelihood.masked_fill(~filled, -math.inf)
     overlap, kept = overlap.masked_fill(~filled, math.nan), kept.masked_fill(~filled, math.nan)
     batch = source.input_ids.shape[0]
-    if novelty == 0:
+    if novelty == 0 and rank_by == "score":
         order = torch.arange(sequences.shape[0], device=sequences.device)
     else:
         best_first = score.view(batch, wanted).argsort(dim=-1, descending=True, stable=True)
         order = (best_first + torch.arange(batch, device=sequences.device)[:, None] * wanted).flatten()
-    return CDNPGParaphraseOutput(sequences[order], score[order], likelihood[order], overlap[order], kept[order])
+    return CDNPGParaphraseOutput(
+        sequences=sequences[order],
+        sequences_scores=score[order],
+        log_likelihoods=likelihood[order],
+        source_overlaps=overlap[order],
+        details_kept=kept[order],
+        reverse_log_likelihoods=None if reverse is None else reverse[order],
+    )
 
 
 __all__ = [
@@ -796,6 +841,7 @@ __all__ = [
     "content_tokens",
     "granularity_processors",
     "paraphrase",
+    "reverse_log_likelihoods",
     "source_ngrams",
     "word_positions",
     "word_starts",

@@ -19,7 +19,8 @@ logger = logging.get_logger(__name__)
 
 NO_LIMIT = 10**6  # transformers' "no limit" model_max_length is 1e30; anything this large is no real limit
 SCORE_KEYS = ("score", "log_likelihood", "source_overlap", "details_kept")
-PARAPHRASE_KEYS = ("novelty", "keep_details", "allow_copy", "novelty_z_layer", "novelty_z_inverted")  # paraphrase()'s
+REVERSE_KEY = "reverse_log_likelihood"  # with rank_by other than "score"
+PARAPHRASE_KEYS = ("novelty", "keep_details", "allow_copy", "rank_by", "novelty_z_layer", "novelty_z_inverted")
 SHOWN_CHARACTERS = 40  # of an input named in a warning
 
 
@@ -51,7 +52,8 @@ class CDNPGText2TextPipeline(Pipeline):
     to `model.generate()`; unset ones come from the checkpoint's generation_config (beam 8, 20 new tokens). With
     `novelty` or `keep_details` (0 to 1; or when the generation_config sets one) decoding goes through
     `generation_cdnpg.paraphrase()`: the candidates are granularity-aware, diverse, best first, and each also has its
-    `score` and the score's parts `log_likelihood`, `source_overlap` and `details_kept`. There may be fewer than
+    `score` and the score's parts `log_likelihood`, `source_overlap` and `details_kept` (with `rank_by`, see
+    `paraphrase`, also `reverse_log_likelihood`, and `score` is what ranks them). There may be fewer than
     `num_return_sequences` when the model finds fewer distinct ones; a `FewerCandidatesWarning` says so.
 
     An input with nothing to paraphrase (empty, blank, or only tokens the tokenizer does not know) gets an empty list
@@ -101,14 +103,15 @@ class CDNPGText2TextPipeline(Pipeline):
         settings = {key: value for key, value in settings.items() if value is not None}  # None: not given
         config = generate_kwargs.get("generation_config") or self.model.generation_config
         by_default = any(getattr(config, key, None) is not None for key in ("novelty", "keep_details"))
-        if not by_default and "novelty" not in settings and "keep_details" not in settings:
-            output_ids = self.model.generate(**model_inputs, **generate_kwargs, **settings)  # settings: refused
+        if not by_default and not settings:
+            output_ids = self.model.generate(**model_inputs, **generate_kwargs)
             return {"output_ids": output_ids.reshape(batch_size, output_ids.shape[0] // batch_size, -1)}
         outputs = paraphrase(self.model, self.tokenizer, model_inputs, **settings, **generate_kwargs)
-        parts = (outputs.sequences_scores, outputs.log_likelihoods, outputs.source_overlaps, outputs.details_kept)
+        parts = [outputs.sequences_scores, outputs.log_likelihoods, outputs.source_overlaps, outputs.details_kept]
+        parts += [] if outputs.reverse_log_likelihoods is None else [outputs.reverse_log_likelihoods]
         return {
             "output_ids": outputs.sequences.reshape(batch_size, -1, outputs.sequences.shape[-1]),
-            "scores": torch.stack(parts, -1).reshape(batch_size, -1, len(SCORE_KEYS)),
+            "scores": torch.stack(parts, -1).reshape(batch_size, -1, len(parts)),
             "input_ids": model_inputs["input_ids"],  # named in the warning of fewer candidates than asked
         }
 
@@ -121,7 +124,9 @@ class CDNPGText2TextPipeline(Pipeline):
             text = self.tokenizer.decode(
                 ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
             )
-            results.append({"generated_text": text, **(dict(zip(SCORE_KEYS, scores[rank])) if scores else {})})
+            results.append(
+                {"generated_text": text, **(dict(zip((*SCORE_KEYS, REVERSE_KEY), scores[rank])) if scores else {})}
+            )
         wanted = model_outputs["output_ids"].shape[1]
         if len(results) < wanted:
             source = self.tokenizer.decode(model_outputs["input_ids"][0], skip_special_tokens=True)

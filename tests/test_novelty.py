@@ -521,22 +521,29 @@ def test_checkpoint_carries_the_generation_code_and_its_calibration(checkpoint):
     assert isinstance(generation["novelty_z_layer"], int) and isinstance(generation["novelty_z_inverted"], bool)
 
 
-def test_high_z_words_follow_the_calibrated_layer_and_orientation(checkpoint):
-    """The words whose z in the calibrated layer passes the threshold; inverted, those whose 1 - z does: at 0.5 the
-    two orientations split a sentence of distinct words in two; the lowest z keeps every word, above the highest none."""
+def test_high_z_words_are_the_words_decoding_weighs_as_details_in_either_orientation(checkpoint):
+    """The words (the figure's) whose detail, as decoding weighs it (`weigh_source`: z of the calibrated layer,
+    oriented, then the largest over the word's pieces), passes the threshold: what keep_details rewards. Below the
+    lowest every word, above the highest none, and at 0.5 exactly those."""
     from cdnpg.granularity import high_z_words, word_granularities
+    from modeling_cdnpg.generation_cdnpg import word_positions
 
     model = CDNPGForConditionalGeneration.from_pretrained(checkpoint).eval()
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    row = word_granularities(model, tokenizer, SENTENCE)[model.generation_config.novelty_z_layer]
-    z = dict(zip(row.words, row.z))
-    oriented = [1 - v if model.generation_config.novelty_z_inverted else v for v in z.values()]
-    assert high_z_words(model, tokenizer, [SENTENCE], threshold=min(oriented))[0] == set(z)
-    assert high_z_words(model, tokenizer, [SENTENCE], threshold=max(oriented) + 1e-6)[0] == set()
-    as_calibrated = high_z_words(model, tokenizer, [SENTENCE])[0]
-    model.generation_config.novelty_z_inverted = not model.generation_config.novelty_z_inverted
-    other_way = high_z_words(model, tokenizer, [SENTENCE])[0]
-    assert as_calibrated | other_way == set(z) and not as_calibrated & other_way, (z, as_calibrated)
+    layer = model.generation_config.novelty_z_layer
+    encoded = tokenizer([SENTENCE], return_tensors="pt", return_token_type_ids=False)
+    [groups] = word_positions(tokenizer, encoded["input_ids"], encoded["attention_mask"])
+    words = [word.lower() for word in word_granularities(model, tokenizer, SENTENCE)[0].words]
+    found = {}
+    for inverted in (False, True):
+        model.generation_config.novelty_z_inverted = inverted
+        source = weigh_source(model, tokenizer, encoded["input_ids"], encoded["attention_mask"], layer, inverted)
+        weight = [source.detail[0, group[0]].item() for group in groups]  # decoding's, per word
+        assert high_z_words(model, tokenizer, [SENTENCE], threshold=min(weight))[0] == set(words)
+        assert high_z_words(model, tokenizer, [SENTENCE], threshold=max(weight) + 1e-6)[0] == set()
+        found[inverted] = high_z_words(model, tokenizer, [SENTENCE])[0]
+        assert found[inverted] == {word for word, value in zip(words, weight) if value >= 0.5}, (weight, inverted)
+    assert found[False] != found[True], "the orientation matters"
 
 
 def test_pipeline_returns_ranked_candidates_with_their_scores(checkpoint):
@@ -554,6 +561,12 @@ def test_pipeline_returns_ranked_candidates_with_their_scores(checkpoint):
     assert len({c["generated_text"] for c in candidates}) == len(candidates)
     plain = paraphraser(SENTENCE, max_new_tokens=8)
     assert [set(c) for c in plain] == [{"generated_text"}]
+    reverse = paraphraser(
+        SENTENCE, novelty=0.5, num_return_sequences=3, max_new_tokens=8, rank_by="reverse_likelihood"
+    )
+    assert [c["score"] for c in reverse] == [c["reverse_log_likelihood"] for c in reverse]
+    assert [c["score"] for c in reverse] == sorted((c["score"] for c in reverse), reverse=True)
+    assert {c["generated_text"] for c in reverse} == {c["generated_text"] for c in candidates}
 
 
 @pytest.mark.parametrize("num_beams", [2, 4])
@@ -838,3 +851,44 @@ def test_the_cli_says_why_an_input_got_fewer_candidates_than_asked(checkpoint, c
     warned = [record.getMessage() for record in caplog.records]
     assert [message.split(":")[0] for message in warned] == ["input 3", "input 4"]
     assert all("2 of 5 candidates" in message and "--num-beams" in message for message in warned)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Ranking by reverse likelihood (issue 40, item 3)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_rank_by_reverse_likelihood_orders_the_same_candidates_by_log_p_of_the_source_given_each():
+    """rank_by="reverse_likelihood": the candidates of the default ranking, reordered by the mean log-probability
+    the same model gives the source when the candidate is its input, computed here by hand from the model's loss."""
+    model = calibrated(tiny_model())
+    ids, mask = sources([5, 6, 7, 8, 9], [10, 11, 12])
+    settings = dict(max_new_tokens=6, num_beams=4, novelty=0.5, num_return_sequences=3)
+    by_score = para(model, ids, mask, **settings)
+    by_reverse = para(model, ids, mask, rank_by="reverse_likelihood", **settings)
+    both = para(model, ids, mask, rank_by="score+reverse_likelihood", **settings)
+    assert by_score.reverse_log_likelihoods is None
+    for i, source in enumerate(([5, 6, 7, 8, 9], [10, 11, 12])):
+        rows = slice(3 * i, 3 * i + 3)
+        filled = by_reverse.sequences_scores[rows] > -math.inf
+        texts = [tuple(content(row)) for row in by_reverse.sequences[rows][filled]]
+        assert sorted(texts) == sorted(tuple(content(row)) for row in by_score.sequences[rows][filled])
+        reverse = by_reverse.reverse_log_likelihoods[rows][filled]
+        assert torch.equal(by_reverse.sequences_scores[rows][filled], reverse)
+        assert (reverse[:-1] >= reverse[1:]).all(), "best first by log p(source | candidate)"
+        for row, value in zip(by_reverse.sequences[rows][filled].tolist(), reverse):
+            candidate = row[: row.index(EOS, 1) + 1] if EOS in row[1:] else row  # the start, its tokens, the end
+            with torch.no_grad():  # a random model may write special tokens inside: the row as it is
+                loss = model(
+                    input_ids=torch.tensor([candidate]), labels=torch.tensor([[*source, EOS]]), use_cache=False
+                )
+            torch.testing.assert_close(value, -loss.loss, rtol=0, atol=1e-5)
+        # the sum: each candidate's decoding score plus its reverse log-likelihood
+        score = {tuple(content(row)): s for row, s in zip(by_score.sequences[rows], by_score.sequences_scores[rows])}
+        summed = dict(zip(texts, reverse.tolist()))
+        for row, value in zip(both.sequences[rows], both.sequences_scores[rows]):
+            if value > -math.inf:
+                key = tuple(content(row))
+                assert value.item() == pytest.approx(score[key].item() + summed[key], abs=1e-5)
+    with pytest.raises(ValueError, match="rank_by must be one of 'score', 'reverse_likelihood'"):
+        para(model, ids, mask, rank_by="meaning", **settings)
