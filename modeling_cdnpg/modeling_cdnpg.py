@@ -65,6 +65,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from .configuration_cdnpg import CDNPGConfig
 
 if TYPE_CHECKING:  # never imported here, but transformers copies a model's relative imports with its remote code
+    from .generation_cdnpg import paraphrase  # noqa: F401  (4.57 copies only a model file's direct imports)
     from .pipeline_cdnpg import CDNPGText2TextPipeline  # noqa: F401
 
 logger = logging.get_logger(__name__)
@@ -84,6 +85,10 @@ CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "pa
 # use for: the output flags (`CDNPGStack.output_flags`), 4.57 generate()'s `cache_position` (positions come from
 # the cache) and the `tokenizer` given to generate() (for stop strings), which 5.24 hands on to the forward.
 PASSED_TO_EVERY_MODEL = frozenset({"output_attentions", "output_hidden_states", "cache_position", "tokenizer"})
+# The arguments of generation_cdnpg.paraphrase() that generate() refuses by name, pointing there
+PARAPHRASE_ARGUMENTS = frozenset(
+    {"novelty", "keep_details", "allow_copy", "rank_by", "novelty_z_layer", "novelty_z_inverted"}
+)
 
 
 def upcast(tensor: torch.Tensor) -> torch.Tensor:
@@ -1400,44 +1405,24 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         backend. C-DNPG builds its own additive mask (padding plus the granularity term) from the 2-D one: keep it."""
         return attention_mask
 
-    # --- granularity-aware paraphrasing: the rule, the candidates and their ranking live in generation_cdnpg.py ---
-    # An override, not transformers' `custom_generate`: that attaches only to a model loaded from a checkpoint folder
-    # (5.x: with trust_remote_code) or to calls naming the repository, so a model built from its config would lose it.
-    def generate(
-        self,
-        *args,
-        novelty: float | None = None,
-        keep_details: float | None = None,
-        allow_copy: bool = False,
-        **kwargs,
-    ):
-        """`GenerationMixin.generate`, or with `novelty` in [0, 1] (default: the generation config's `novelty`, if
-        any) granularity-aware paraphrasing: source bigrams penalised by how template-like they are (1 - z),
-        diverse candidates, ranked, with their scores (`return_dict_in_generate=True`); with `keep_details` in
-        [0, 1] (likewise) source tokens pulled towards the output by how much they are details (z). Both 0 decode
-        exactly as without them; `allow_copy=True` lets the input itself be a candidate. See `generation_cdnpg.py`."""
-        config = kwargs.get("generation_config") or self.generation_config
-        wanted = kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", None))
-        if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1):
-            raise ValueError(f"num_return_sequences must be a positive integer (candidates per input), got {wanted!r}")
-        if novelty is None:
-            novelty = getattr(config, "novelty", None)
-        if keep_details is None:
-            keep_details = getattr(config, "keep_details", None)
-        if novelty is None and keep_details is None:
-            return super().generate(*args, **kwargs)
-        from .generation_cdnpg import paraphrase_generate  # here, so that transformers copies it with the model
-
-        with torch.no_grad():
-            return paraphrase_generate(
-                self,
-                super().generate,
-                0 if novelty is None else novelty,
-                *args,
-                allow_copy=allow_copy,
-                keep_details=0 if keep_details is None else keep_details,
-                **kwargs,
+    # --- granularity-aware paraphrasing lives in generation_cdnpg.py: granularity_processors() and paraphrase() ---
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate`, unchanged. Only checked first: the arguments of granularity-aware
+        paraphrasing, which generate() does not take (transformers would refuse them as unused model kwargs, or
+        a calibrated generation config would swallow `novelty_z_layer` silently), and a number of sequences below
+        one, which failed deep in beam search."""
+        misplaced = sorted(PARAPHRASE_ARGUMENTS & set(kwargs))
+        if misplaced:
+            raise TypeError(
+                f"generate() takes no {', '.join(misplaced)}: granularity-aware paraphrasing is "
+                "generation_cdnpg.paraphrase(model, tokenizer, inputs, novelty=..., keep_details=...) for ranked "
+                "candidates, or model.generate(**inputs, logits_processor=generation_cdnpg.granularity_processors("
+                "model, tokenizer, inputs, novelty=..., keep_details=...)) (docs/novelty.md)"
             )
+        wanted = kwargs.get("num_return_sequences")
+        if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1):
+            raise ValueError(f"num_return_sequences must be a positive integer (sequences per input), got {wanted!r}")
+        return super().generate(*args, **kwargs)
 
     # --- end of granularity-aware paraphrasing ---
 
