@@ -11,7 +11,6 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokenizers.processors import TemplateProcessing
 from transformers import (
-    BartConfig,
     BartForConditionalGeneration,
     LogitsProcessor,
     LogitsProcessorList,
@@ -21,6 +20,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from cdnpg.data import train_wordpiece_tokenizer
 from cdnpg.granularity import high_z_words, word_granularities
+from cdnpg.training.baselines import bart_like
 from modeling_cdnpg.generation_cdnpg import (
     granularity_processors,
     paraphrase,
@@ -34,28 +34,12 @@ SENTENCES = ["how do i learn python?", "what is the best way to learn python?", 
 
 
 def tiny_bart() -> BartForConditionalGeneration:
-    """BART of tiny_config's size and special tokens."""
-    c = tiny_config()
-    config = BartConfig(
-        vocab_size=c.vocab_size,
-        d_model=c.d_model,
-        encoder_layers=c.encoder_layers,
-        decoder_layers=c.decoder_layers,
-        encoder_attention_heads=c.encoder_attention_heads,
-        decoder_attention_heads=c.decoder_attention_heads,
-        encoder_ffn_dim=c.encoder_ffn_dim,
-        decoder_ffn_dim=c.decoder_ffn_dim,
-        max_position_embeddings=c.max_position_embeddings,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        decoder_start_token_id=BOS,
-        forced_eos_token_id=None,
-        forced_bos_token_id=None,
-        attn_implementation="eager",
-    )  # fmt: skip  (sdpa returns no attentions)
+    """BART of tiny_config's size and special tokens (the quality benchmark's baseline), eager: sdpa returns no
+    attentions."""
     torch.manual_seed(0)
-    return BartForConditionalGeneration(config).eval()
+    bart = bart_like(tiny_config())
+    bart.set_attn_implementation("eager")
+    return bart.eval()
 
 
 class Collect(BaseStreamer):
