@@ -49,6 +49,7 @@ CARD_TAGS = ["paraphrase-generation", "c-dnpg", "granularity-aware-attention", "
 TESTED_TRANSFORMERS = ("4.57.6", "5.24.0")
 # The model code a checkpoint carries (save_pretrained copies it with its relative imports): what refresh_model_code
 # replaces.
+PARAPHRASE_DEFAULTS = ("novelty", "keep_details")  # generation config rules the pipeline applies unasked (card)
 REMOTE_CODE_FILES = ("configuration_cdnpg.py", "modeling_cdnpg.py", "generation_cdnpg.py", "pipeline_cdnpg.py")
 
 
@@ -203,6 +204,8 @@ def render_model_card(
     if layer is not None:
         reading = "1 - z (inverted)" if model.generation_config.novelty_z_inverted else "z as learned"
         config_rows.append(("novelty reads z of (calibrated)", f"encoder layer {layer}, {reading}"))
+    defaults = {name: getattr(model.generation_config, name, None) for name in PARAPHRASE_DEFAULTS}
+    default_decoding = ", ".join(f"{name}={value}" for name, value in defaults.items() if value is not None)
     model_name = model_id.rstrip("/").split("/")[-1]
     card = ModelCard.from_template(
         card_data(model_name, metrics, dataset),
@@ -215,6 +218,7 @@ def render_model_card(
         training_summary=training_summary,
         max_length=max_length,
         warm_start=warm_start,
+        default_decoding=default_decoding,
         tested_transformers=" and ".join(TESTED_TRANSFORMERS),
         # the card is written with the weights: save_pretrained records the installed release in config.json (a
         # config made in this process has no transformers_version until then)

@@ -280,6 +280,18 @@ class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
     metric_for_best_model: str | None = field(default="loss", metadata={"help": "Select by validation loss."})
     predict_with_generate: bool = field(default=True, metadata={"help": "Generate on the test split."})
     generation_num_beams: int | None = field(default=8, metadata={"help": "Beam size (paper: 8)."})
+    generation_novelty: float | None = field(
+        default=None,
+        metadata={
+            "help": "The checkpoint's default paraphrasing (0 to 1; None: plain beam search): saved in its "
+            "generation_config as `novelty`, which the text2text pipeline and `cdnpg paraphrase` use when called "
+            "without decoding arguments; the test split is decoded with it too (generation_cdnpg.paraphrase)."
+        },
+    )
+    generation_keep_details: float | None = field(
+        default=None,
+        metadata={"help": "As --generation_novelty, for `keep_details` (0 to 1): the input's details pulled back in."},
+    )
     logging_steps: float = field(default=50, metadata={"help": "Log the training loss this often."})
     use_cache: bool = field(
         default=True,
@@ -301,6 +313,13 @@ class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
             "--resume_from_checkpoint continues the run there."
         },
     )
+
+    def __post_init__(self):
+        for name in ("generation_novelty", "generation_keep_details"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 1:
+                raise ValueError(f"--{name} must be between 0 and 1, got {value}")
+        super().__post_init__()
 
 
 def configure_logging() -> None:

@@ -30,7 +30,7 @@ from cdnpg.training.model import build_model, calibrate, load_checkpoint
 from cdnpg.training.output_dir import TrainingInterrupted, model_kept_on_failure, prepared_output_dir
 from cdnpg.training.paraphrase_metrics import common_words
 from cdnpg.training.scoring import load_metric, predict, record, score, training_summary, write_predictions
-from cdnpg.training.trainer import decoding_config, make_trainer, report_strategy
+from cdnpg.training.trainer import make_trainer, report_strategy, run_decoding_config
 
 logger = logging.getLogger("cdnpg.training")
 CALIBRATION_TEXTS = 2000  # training sources that calibrate_granularity reads (word frequencies and z): seconds
@@ -124,7 +124,7 @@ def train_and_score(
         trainer.save_state()
         record(trainer, "train", result.metrics, metrics)
     # Seq2SeqTrainer leaves every generation default in the config (max_length too): save only what was chosen
-    trainer.model.generation_config = decoding_config(trainer.model, args.generation_num_beams, max_new_tokens)
+    trainer.model.generation_config = run_decoding_config(trainer.model, args, max_new_tokens)
     if args.do_train:
         calibrate(trainer.model, trainer.processing_class, corpus["train"]["source"][:CALIBRATION_TEXTS])
     trainer.save_model()

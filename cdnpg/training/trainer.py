@@ -25,8 +25,10 @@ from transformers import (
 from cdnpg.data import make_tokenizer_config_portable
 from cdnpg.hub import render_model_card
 from cdnpg.training.arguments import CDNPGTrainingArguments
+from modeling_cdnpg.generation_cdnpg import paraphrase
 
 logger = logging.getLogger("cdnpg.training")
+PARAPHRASE_DEFAULTS = ("novelty", "keep_details")  # generation config fields that make paraphrase() the decoding
 
 
 def distributed_strategy(accelerator) -> str:
@@ -139,11 +141,35 @@ def fsdp_root_unsharded(model: torch.nn.Module) -> Iterator[None]:
         model.reshard()
 
 
-def decoding_config(model: PreTrainedModel, num_beams: int, max_new_tokens: int) -> GenerationConfig:
-    """The checkpoint's decoding defaults: the paper's beam search over at most `max_target_length` new tokens."""
+def decoding_config(
+    model: PreTrainedModel,
+    num_beams: int,
+    max_new_tokens: int,
+    novelty: float | None = None,
+    keep_details: float | None = None,
+) -> GenerationConfig:
+    """The checkpoint's decoding defaults: the paper's beam search over at most `max_target_length` new tokens, and
+    the paraphrasing rules (`novelty`, `keep_details`) that the pipeline and `cdnpg paraphrase` apply when called
+    without decoding arguments (`--generation_novelty`, `--generation_keep_details`; left out when None)."""
     config = GenerationConfig.from_model_config(model.config)
     config.num_beams, config.max_new_tokens, config.use_cache = num_beams, max_new_tokens, True
+    for name, value in (("novelty", novelty), ("keep_details", keep_details)):
+        if value is not None:
+            setattr(config, name, value)
     return config
+
+
+def run_decoding_config(model: PreTrainedModel, args: CDNPGTrainingArguments, max_new_tokens: int) -> GenerationConfig:
+    """`decoding_config` from a run's flags."""
+    return decoding_config(
+        model, args.generation_num_beams, max_new_tokens, args.generation_novelty, args.generation_keep_details
+    )
+
+
+def paraphrases_by_default(model: PreTrainedModel) -> bool:
+    """The model's generation config names a paraphrasing rule (`novelty` or `keep_details`): the pipeline decodes
+    it through `paraphrase()`, and so does the test split's prediction."""
+    return any(getattr(model.generation_config, name, None) is not None for name in PARAPHRASE_DEFAULTS)
 
 
 class CDNPGTrainer(Seq2SeqTrainer):
@@ -227,11 +253,26 @@ class CDNPGTrainer(Seq2SeqTrainer):
         kept = copy.deepcopy(config)
         try:
             with fsdp_root_unsharded(self.model):
+                if self.args.predict_with_generate and not prediction_loss_only and paraphrases_by_default(self.model):
+                    return self.paraphrase_step(model, inputs, ignore_keys, **gen_kwargs)
                 return super().prediction_step(
                     model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
                 )
         finally:
             self.model.generation_config = kept
+
+    def paraphrase_step(self, model, inputs, ignore_keys=None, **gen_kwargs):
+        """Seq2SeqTrainer's generating step for a model whose generation config names a paraphrasing rule: the
+        sequences come from `paraphrase()`, as the pipeline and `cdnpg paraphrase` decode such a checkpoint, so that
+        the test split is scored as users will decode it (Seq2SeqTrainer would call generate(), which ignores the
+        rules). The loss is the Trainer's, with the labels."""
+        loss, _, _ = super().prediction_step(model, inputs, prediction_loss_only=True, ignore_keys=ignore_keys)
+        inputs = self._prepare_inputs(inputs)
+        given = gen_kwargs or getattr(self, "_gen_kwargs", {})  # Seq2SeqTrainer.predict()'s, as its step reads them
+        settings = {key: value for key, value in given.items() if value is not None and key != "synced_gpus"}
+        source = {"input_ids": inputs["input_ids"], "attention_mask": inputs.get("attention_mask")}
+        sequences = paraphrase(self.model, self.processing_class, source, **settings).sequences
+        return loss, sequences, inputs.get("labels")
 
     def _issue_warnings_after_load(self, load_result) -> None:
         """The Trainer's report of a resumed checkpoint, without the tied copies of the embedding (the encoder's and
@@ -269,7 +310,7 @@ def make_trainer(
     callbacks: Sequence[TrainerCallback] = (),
 ) -> CDNPGTrainer:
     """The Trainer of a run; the model decodes as the paper does (also in the checkpoints saved during training)."""
-    model.generation_config = decoding_config(model, args.generation_num_beams, max_new_tokens)
+    model.generation_config = run_decoding_config(model, args, max_new_tokens)
     return CDNPGTrainer(
         model=model,
         args=args,

@@ -1,0 +1,111 @@
+"""A checkpoint's default paraphrasing (issue 40 item 4): run.py's --generation_novelty / --generation_keep_details go
+into the generation config, the test split is decoded with them as the pipeline decodes the checkpoint called without
+arguments, the card says so, and the shipped warm recipe is what the stated rule picks from the measured table."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import cdnpg.training.trainer as trainer_module
+from cdnpg.training import UsageError, main, parse_args
+from tests.test_training import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "training" / "configs" / "minilm_quora.yaml"
+RULE_SECTION = "### What the recipe ships (issue 40)"
+RARE_KEPT_AT_LEAST, BLEU4_AT_LEAST = 55.0, 28.0  # the rule of docs/benchmarks.md, as its text states it
+
+
+def squeezed(text: str) -> str:
+    """A text without its spaces: the Trainer's batch_decode and the pipeline clean up spaces differently."""
+    return "".join(text.split())
+
+
+@pytest.fixture
+def paraphrase_calls(monkeypatch) -> list[dict]:
+    """Every call of paraphrase() by the Trainer's prediction step, recorded, the real function still run."""
+    calls, real = [], trainer_module.paraphrase
+
+    def spy(model, tokenizer, inputs, **kwargs):
+        calls.append({"rows": inputs["input_ids"].shape[0], **kwargs})
+        return real(model, tokenizer, inputs, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "paraphrase", spy)
+    return calls
+
+
+def test_a_default_novelty_decodes_the_test_split_as_the_pipeline_called_without_arguments(tmp_path, paraphrase_calls):
+    output = tmp_path / "out"
+    flags = ["--generation_novelty", "0.5", "--generation_keep_details", "0.25", "--generation_num_beams", "2"]
+    main(["--output_dir", str(output), *TINY, "--max_steps", "6", "--do_train", "--do_predict", *flags])
+    generation = json.loads((output / "generation_config.json").read_text())
+    assert generation["novelty"] == 0.5 and generation["keep_details"] == 0.25 and generation["num_beams"] == 2
+    assert sum(call["rows"] for call in paraphrase_calls) == 16  # every test pair, through paraphrase()
+    assert all(call["num_beams"] == 2 for call in paraphrase_calls)  # with the run's decoding settings
+
+    from transformers import pipeline
+
+    paraphraser = pipeline("text2text-generation", model=str(output), trust_remote_code=True)
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    # run.py cuts sources at --max_source_length (20 tokens), the pipeline only at the model's limit
+    rows = [row for row in rows if len(paraphraser.tokenizer(row["source"])["input_ids"]) <= 20]
+    assert len(rows) >= 8
+    unasked = paraphraser([row["source"] for row in rows], batch_size=len(rows))
+    assert [squeezed(row["prediction"]) for row in rows] == [squeezed(c[0]["generated_text"]) for c in unasked]
+    assert all(set(candidate[0]) > {"generated_text", "score"} for candidate in unasked)  # paraphrase()'s output
+
+    card = (output / "README.md").read_text()
+    assert "Default decoding" in card and "`novelty=0.5, keep_details=0.25`" in card
+
+
+def test_without_a_default_the_test_split_is_plain_beam_search_and_the_card_names_no_rule(tmp_path, paraphrase_calls):
+    output = tmp_path / "out"
+    main(["--output_dir", str(output), *TINY, "--max_steps", "4", "--do_train", "--do_predict",
+          "--generation_num_beams", "2"])  # fmt: skip
+    generation = json.loads((output / "generation_config.json").read_text())
+    assert "novelty" not in generation and "keep_details" not in generation
+    assert paraphrase_calls == []
+    assert "Default decoding" not in (output / "README.md").read_text()
+
+
+@pytest.mark.parametrize("flag", ["--generation_novelty", "--generation_keep_details"])
+@pytest.mark.parametrize("value", ["1.5", "-0.1"])
+def test_a_default_strength_outside_0_to_1_is_one_error_naming_the_flag(tmp_path, flag, value):
+    with pytest.raises(UsageError, match=f"{flag} must be between 0 and 1, got {value}"):
+        parse_args(["--output_dir", str(tmp_path), *TINY, "--do_train", flag, value])
+
+
+def measured_rows() -> list[dict]:
+    """The table of docs/benchmarks.md's section that states the rule: settings (run.py flags), and the figures."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    section = text.split(RULE_SECTION, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| settings")]
+    rows = []
+    for line in lines:
+        settings, bleu4, ibleu, rare, _copies = [cell.strip() for cell in line.strip("|").split("|")]
+        flags = {} if settings.startswith("(") else dict(item.split("=") for item in settings.split(", "))
+        rows.append({"flags": flags, "bleu4": float(bleu4), "ibleu": float(ibleu), "rare": float(rare)})
+    return rows
+
+
+def test_the_shipped_warm_recipe_is_what_the_stated_rule_picks_from_the_measured_table():
+    rows = measured_rows()
+    assert len(rows) >= 10
+    eligible = [row for row in rows if row["rare"] >= RARE_KEPT_AT_LEAST and row["bleu4"] >= BLEU4_AT_LEAST]
+    chosen = max(eligible, key=lambda row: row["ibleu"])
+    recipe = yaml.safe_load(RECIPE.read_text())
+    every_flag = {flag for row in rows for flag in row["flags"]}
+    shipped = {flag: str(recipe[flag]).lower() for flag in every_flag if flag in recipe}
+    assert shipped == chosen["flags"]
+    # and run.py reads the recipe so: every key a flag, the chosen values in the parsed arguments
+    parsed = {}
+    for arguments in parse_args([str(RECIPE), "--output_dir", "runs/unused"]):
+        parsed |= vars(arguments)
+    assert {flag: str(parsed[flag]).lower() for flag in chosen["flags"]} == chosen["flags"]
+    # the docs name the same choice in words, and the recipe's comment gives its figures
+    named = ", ".join(f"{flag}={value}" for flag, value in chosen["flags"].items())
+    assert f"**`{named}`**" in (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert re.search(rf"\b{chosen['ibleu']}\b true iBLEU", RECIPE.read_text())
