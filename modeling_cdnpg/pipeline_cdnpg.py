@@ -19,8 +19,12 @@ logger = logging.get_logger(__name__)
 
 NO_LIMIT = 10**6  # transformers' "no limit" model_max_length is 1e30; anything this large is no real limit
 SCORE_KEYS = ("score", "log_likelihood", "source_overlap", "details_kept")
-REVERSE_KEY = "reverse_log_likelihood"  # with rank_by other than "score"
-PARAPHRASE_KEYS = ("novelty", "keep_details", "allow_copy", "rank_by", "novelty_z_layer", "novelty_z_inverted")
+REVERSE_KEY = "reverse_log_likelihood"  # with a rank_by that weighs "reverse_likelihood"
+SIMILARITY_KEY = "similarity"  # with a rank_by that weighs "similarity"
+PARAPHRASE_KEYS = ("novelty", "keep_details", "allow_copy", "rank_by", "num_candidates", "similarity",
+                   "novelty_z_layer", "novelty_z_inverted")  # fmt: skip
+# a generation config that sets one of these paraphrases through paraphrase()
+CONFIGURED_KEYS = ("novelty", "keep_details", "rank_by", "num_candidates")
 SHOWN_CHARACTERS = 40  # of an input named in a warning
 
 
@@ -52,9 +56,11 @@ class CDNPGText2TextPipeline(Pipeline):
     to `model.generate()`; unset ones come from the checkpoint's generation_config (beam 8, 20 new tokens). With
     `novelty` or `keep_details` (0 to 1; or when the generation_config sets one) decoding goes through
     `generation_cdnpg.paraphrase()`: the candidates are granularity-aware, diverse, best first, and each also has its
-    `score` and the score's parts `log_likelihood`, `source_overlap` and `details_kept` (with `rank_by`, see
-    `paraphrase`, also `reverse_log_likelihood`, and `score` is what ranks them). There may be fewer than
-    `num_return_sequences` when the model finds fewer distinct ones; a `FewerCandidatesWarning` says so.
+    `score` and the score's parts `log_likelihood`, `source_overlap` and `details_kept`. `rank_by`,
+    `num_candidates` and `similarity` are `paraphrase`'s (also taken when the generation_config sets `rank_by` or
+    `num_candidates`): `score` is then what ranks them, and a ranking that weighs them adds `reverse_log_likelihood`
+    and `similarity`. There may be fewer than `num_return_sequences` when the model finds fewer distinct ones; a
+    `FewerCandidatesWarning` says so.
 
     An input with nothing to paraphrase (empty, blank, or only tokens the tokenizer does not know) gets an empty list
     and a warning. Inputs longer than the model takes are truncated to what it takes.
@@ -102,21 +108,28 @@ class CDNPGText2TextPipeline(Pipeline):
         settings = {key: generate_kwargs.pop(key) for key in PARAPHRASE_KEYS if key in generate_kwargs}
         settings = {key: value for key, value in settings.items() if value is not None}  # None: not given
         config = generate_kwargs.get("generation_config") or self.model.generation_config
-        by_default = any(getattr(config, key, None) is not None for key in ("novelty", "keep_details"))
+        by_default = any(getattr(config, key, None) is not None for key in CONFIGURED_KEYS)
         if not by_default and not settings:
             output_ids = self.model.generate(**model_inputs, **generate_kwargs)
             return {"output_ids": output_ids.reshape(batch_size, output_ids.shape[0] // batch_size, -1)}
         outputs = paraphrase(self.model, self.tokenizer, model_inputs, **settings, **generate_kwargs)
         parts = [outputs.sequences_scores, outputs.log_likelihoods, outputs.source_overlaps, outputs.details_kept]
-        parts += [] if outputs.reverse_log_likelihoods is None else [outputs.reverse_log_likelihoods]
+        optional = [outputs.reverse_log_likelihoods, outputs.similarities]  # REVERSE_KEY, SIMILARITY_KEY
+        present = torch.tensor([part is not None for part in optional]).expand(batch_size, -1)
+        parts += [torch.full_like(parts[0], math.nan) if part is None else part for part in optional]
         return {
             "output_ids": outputs.sequences.reshape(batch_size, -1, outputs.sequences.shape[-1]),
             "scores": torch.stack(parts, -1).reshape(batch_size, -1, len(parts)),
+            "present": present,  # which of the optional parts the ranking computed (a tensor: batched as the rest)
             "input_ids": model_inputs["input_ids"],  # named in the warning of fewer candidates than asked
         }
 
     def postprocess(self, model_outputs: dict[str, torch.Tensor], clean_up_tokenization_spaces: bool = True):
         scores = model_outputs["scores"][0].tolist() if "scores" in model_outputs else None
+        keys = list(SCORE_KEYS)
+        if scores is not None:
+            present = model_outputs["present"][0].tolist()
+            keys += [key if here else None for key, here in zip((REVERSE_KEY, SIMILARITY_KEY), present)]
         results = []
         for rank, ids in enumerate(model_outputs["output_ids"][0]):
             if scores is not None and scores[rank][0] == -math.inf:  # no candidate for this slot
@@ -124,9 +137,8 @@ class CDNPGText2TextPipeline(Pipeline):
             text = self.tokenizer.decode(
                 ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
             )
-            results.append(
-                {"generated_text": text, **(dict(zip((*SCORE_KEYS, REVERSE_KEY), scores[rank])) if scores else {})}
-            )
+            parts = {key: value for key, value in zip(keys, scores[rank]) if key} if scores else {}
+            results.append({"generated_text": text, **parts})
         wanted = model_outputs["output_ids"].shape[1]
         if len(results) < wanted:
             source = self.tokenizer.decode(model_outputs["input_ids"][0], skip_special_tokens=True)
