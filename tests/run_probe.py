@@ -4,8 +4,8 @@
 
 --kill_after_step N ends the process abruptly (os._exit) right after the checkpoint of step N is written, as a
 killed job would. At the end of training every process writes `weights-rank{R}.json` (`weights_digest` of its
-parameters) to the output directory, so that a test can check that all ranks hold identical weights, and that a
-saved model loads with them.
+parameters, and the graphs and graph breaks torch.compile counted in it) to the output directory, so that a test
+can check that all ranks hold identical weights, that a saved model loads with them, and that a rank trained compiled.
 """
 
 import hashlib
@@ -41,8 +41,12 @@ def weights_digest(model) -> str:
 
 class WeightDigest(TrainerCallback):
     def on_train_end(self, args, state, control, model=None, **kwargs):
+        from torch._dynamo.utils import counters  # what this process compiled (--torch_compile), 0 without it
+
         rank = args.process_index
-        (Path(args.output_dir) / f"weights-rank{rank}.json").write_text(json.dumps({"sha256": weights_digest(model)}))
+        record = {"sha256": weights_digest(model), "graphs": counters["stats"]["unique_graphs"]}
+        record["graph_breaks"] = dict(counters["graph_break"])
+        (Path(args.output_dir) / f"weights-rank{rank}.json").write_text(json.dumps(record))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,19 @@ processes with the shipped DDP config gives what one process gives, and processe
 are refused instead of each training alone into the same folder."""
 
 import json
+import re
 import shutil
 import sys
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.test_training import ROOT, TINY, run
 
+DDP_WRAPPER_BREAK = re.compile(
+    r"DistributedDataParallel\._inside_ddp_forward|`set_runtime_stats_and_log` of class `Logger`"
+)
 ARCHITECTURE = {"--d_model", "--layers", "--attention_heads", "--ffn_dim", "--vocab_size", "--dropout"}
 
 DDP_CONFIG = ROOT / "training" / "configs" / "accelerate" / "ddp.yaml"
@@ -59,6 +65,34 @@ def test_two_ddp_processes_run_every_stage_and_predict_what_one_process_predicts
     assert ddp_eval["eval_loss"] == pytest.approx(single_eval["eval_loss"], rel=1e-3)
     assert json.loads((trained / "trainer_state.json").read_text())["global_step"] == 4
     assert "x 2 devices" in (trained / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_train_compiled_as_they_train_eager(tmp_path, tokenizer_dir):
+    """run.py --torch_compile true under `accelerate launch` (issue 39 item 3): both ranks train the model as one
+    compiled graph (dynamo breaks only in torch's DDP wrapper around it), and end with the weights, evaluation and predictions of the same run in eager mode."""
+    common = [*TINY, *STAGES, "--tokenizer_name", tokenizer_dir, "--use_cpu", "True", "--max_steps", "4",
+              "--per_device_train_batch_size", "8", "--granularity_mask", "product"]  # fmt: skip
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(DDP_CONFIG)]
+    compiled, eager = tmp_path / "compiled", tmp_path / "eager"
+    run(["--output_dir", str(compiled), *common, "--torch_compile", "true", "--torch_compile_backend", "aot_eager"],
+        launcher=launcher)  # fmt: skip
+    run(["--output_dir", str(eager), *common], launcher=launcher)
+    for rank in (0, 1):
+        record = json.loads((compiled / f"weights-rank{rank}.json").read_text())
+        # the model is one graph; torch's DDP wrapper around it breaks (its logger, `_inside_ddp_forward`), no more
+        assert record["graphs"] == 1, record
+        outside = [reason for reason in record["graph_breaks"] if not DDP_WRAPPER_BREAK.search(reason)]
+        assert outside == [], outside
+        assert json.loads((eager / f"weights-rank{rank}.json").read_text())["graphs"] == 0
+    weights = load_file(compiled / "model.safetensors")
+    assert not any("_orig_mod" in name for name in weights)  # the model's weights, not its compiled wrapper's
+    for name, weight in load_file(eager / "model.safetensors").items():
+        torch.testing.assert_close(weights[name], weight, atol=1e-6, rtol=0, msg=name)
+    rows = [(path / "predictions.jsonl").read_text().splitlines() for path in (compiled, eager)]
+    assert len(rows[0]) == 20 and rows[0] == rows[1]
+    losses = [json.loads((path / "eval_results.json").read_text())["eval_loss"] for path in (compiled, eager)]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
 def test_processes_that_accelerate_did_not_connect_are_refused(tmp_path):
