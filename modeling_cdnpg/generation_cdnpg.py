@@ -964,8 +964,9 @@ def paraphrase(
 
     rank_by: what ranks the candidates, a string of `RANKINGS` or a mapping of weights of the parts of
     `RANKING_PARTS`, e.g. `{"score": 1.0, "similarity": 4.0}`: the candidates are ranked by the weighted sum of the
-    parts (`ranking_weights`), returned as `sequences_scores`; every part it names is returned too. None takes the
-    generation config's `rank_by`, else "score". A ranking other than by the score alone ranks even at novelty 0.
+    parts (`ranking_weights`), returned as `sequences_scores`; the parts it names are returned too (the score as its
+    own parts: log_likelihoods, source_overlaps, details_kept). None takes the generation config's `rank_by`, else
+    "score". A ranking other than by the score alone ranks even at novelty 0.
     num_candidates: how many candidates to generate and rank per input, of which the best `num_return_sequences` are
     returned (at least num_return_sequences; None: the generation config's `num_candidates`, raised to
     num_return_sequences, else num_return_sequences). similarity: the sentence embedder (`SentenceSimilarity`) that a
