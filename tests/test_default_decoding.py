@@ -109,3 +109,34 @@ def test_the_shipped_warm_recipe_is_what_the_stated_rule_picks_from_the_measured
     named = ", ".join(f"{flag}={value}" for flag, value in chosen["flags"].items())
     assert f"**`{named}`**" in (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert re.search(rf"\b{chosen['ibleu']}\b true iBLEU", RECIPE.read_text())
+
+
+@pytest.mark.filterwarnings("ignore:novelty. this checkpoint's granularity is not calibrated")
+def test_the_cli_called_without_decoding_flags_prints_the_checkpoints_default_paraphrases(tmp_path):
+    """`cdnpg paraphrase` on a checkpoint with a default novelty decodes as the pipeline called without arguments,
+    candidates and scores, and asks for no more beams than the checkpoint's (novelty decodes one search each)."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
+
+    from modeling_cdnpg import CDNPGText2TextPipeline
+    from tests.test_cli import SENTENCE, run_cli, save_tiny, train_tokenizer
+
+    folder = save_tiny(tmp_path / "tiny", train_tokenizer())
+    config = GenerationConfig.from_pretrained(folder)
+    config.num_beams, config.max_new_tokens, config.novelty = (
+        2,
+        20,
+        0.5,
+    )  # the CLI stretches a shorter limit to the input
+    config._from_model_config = False  # else from_pretrained makes the config anew from config.json, as run.py saves
+    config.save_pretrained(folder)
+    printed = run_cli("paraphrase", "--model", str(folder), "-n", "3", SENTENCE)
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    assert "beams to return" not in printed.stderr  # the checkpoint's 2 beams kept: novelty needs no more
+    fields = printed.stdout.strip().split("\t")
+    texts, scores = fields[0::2], [float(score) for score in fields[1::2]]
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=AutoTokenizer.from_pretrained(folder), device="cpu")
+    unasked = paraphraser(SENTENCE, num_return_sequences=3)
+    assert texts == [" ".join(c["generated_text"].split()) for c in unasked]
+    assert scores == pytest.approx([c["score"] for c in unasked], abs=1e-3)
