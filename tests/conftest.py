@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from cdnpg.data import model_token_ids, template_corpus
 from cdnpg.hub import save_checkpoint
@@ -70,6 +71,17 @@ def tiny_model(seed: int = 0, **overrides) -> CDNPGForConditionalGeneration:
 def cache_of(output):
     """The cache a forward or `generate()` returned, under its name in the installed transformers (`CACHE_NAME`)."""
     return getattr(output, CACHE_NAME)
+
+
+@pytest.fixture(autouse=True)
+def logging_levels_restored():
+    """A benchmark's or run.py's main() called in-process sets transformers' verbosity for the whole process, as a
+    script may, and run.py's logger and `disable_tqdm` default follow it: later tests would log nothing below it."""
+    verbosity = transformers.utils.logging.get_verbosity()
+    level = logging.getLogger("cdnpg.training").level
+    yield
+    transformers.utils.logging.set_verbosity(verbosity)
+    logging.getLogger("cdnpg.training").setLevel(level)
 
 
 @pytest.fixture
