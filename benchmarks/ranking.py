@@ -9,12 +9,14 @@ order of the same candidates and the oracle (the best of them against the refere
 
 Each source gets `--candidates` candidates from one paraphrase() call through the text2text pipeline (the checkpoint's
 default `novelty`, or `--novelty`), with every ranking part computed (weight 0 ranks nothing, `RANKING_PARTS`): the
-decoding score, log p(source | candidate) (`reverse_likelihood`, meaningful for a model trained --both_directions)
-and the all-MiniLM-L6-v2 similarity. A ranking keeps each source's top candidate; true iBLEU is the mean of
-sentence-level true iBLEU, so the tune split searches the weights of `score + w_r * reverse + w_s * similarity` over
-`GRID` exactly, and writes the best of each family to weights.json. The rankings, the default call (one
-paraphrase, no ranking) and the oracle are then scored by `paraphrase_metrics`, one JSON line each in
-`OUTPUT_DIR/runs-<split>.jsonl`. The ranking's cost is timed on the first chunk against decoding the candidates alone.
+decoding score, log p(source | candidate) (`reverse_likelihood`, meaningful for a model trained --both_directions),
+the all-MiniLM-L6-v2 similarity and the rewording (1 - source_overlap). A ranking keeps each source's top candidate;
+true iBLEU is the mean of sentence-level true iBLEU, so the tune split searches the weights of
+`score + w_r * reverse + w_s * similarity + w_w * rewording` over `GRID` exactly, and writes the best of each family to
+weights.json. The rankings, the default call (one paraphrase, no ranking) and the oracle are then scored by
+`paraphrase_metrics`, one JSON line each in `OUTPUT_DIR/runs-<split>.jsonl`. The ranking's cost is timed on the first
+chunk against decoding the candidates alone: with the similarity part (the rewording costs nothing: the score has
+its parts), and with every part.
 """
 
 from __future__ import annotations
@@ -37,8 +39,15 @@ from cdnpg.training.paraphrase_metrics import BLEU4_WEIGHTS, bleu, common_words,
 from modeling_cdnpg import CDNPGText2TextPipeline
 from modeling_cdnpg.generation_cdnpg import SentenceSimilarity
 
-GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # weights tried for reverse_likelihood and for similarity
-PARTS = ("score", "reverse_log_likelihood", "similarity")  # the pipeline's keys of the three parts
+GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # weights tried for reverse_likelihood, similarity and rewording
+PARTS = {"reverse": "reverse_log_likelihood", "similarity": "similarity", "rewording": "rewording"}  # their keys
+FAMILIES = {  # the score plus these parts, weighed on the tune half
+    "score+reverse": ("reverse",),
+    "score+similarity": ("similarity",),
+    "score+rewording": ("rewording",),
+    "score+similarity+rewording": ("similarity", "rewording"),
+    "all": ("reverse", "similarity", "rewording"),
+}
 SCORED = ("bleu4", "ibleu", "self_bleu4", "copy_rate", "rare_kept", "numbers_kept")  # the table's columns
 
 
@@ -102,39 +111,40 @@ def main(argv: list[str] | None = None) -> dict:
     sources, references = list(pairs["source"]), list(pairs["target"])
 
     every_part = {"rank_by": {"score": 1.0, "reverse_likelihood": 0.0, "similarity": 0.0}, "similarity": similarity}
-    timed = sources[:BATCH_SIZE]  # the cost of ranking: decoding alone, then decoding and every part, same sources
+    with_similarity = {"rank_by": {"score": 1.0, "similarity": 0.0}, "similarity": similarity}
+    timed = sources[:BATCH_SIZE]  # the cost of ranking: decoding alone, then with the parts computed, same sources
     decode(paraphraser, timed[:2], novelty=novelty, num_return_sequences=args.candidates, **every_part)  # warm-up
     _, decoding_s = decode(paraphraser, timed, novelty=novelty, num_return_sequences=args.candidates)
+    _, similarity_s = decode(paraphraser, timed, novelty=novelty, num_return_sequences=args.candidates,
+                             **with_similarity)  # fmt: skip
     candidates, ranked_s = decode(paraphraser, timed, novelty=novelty, num_return_sequences=args.candidates,
                                   **every_part)  # fmt: skip
     rest, _ = decode(paraphraser, sources[len(timed) :], novelty=novelty, num_return_sequences=args.candidates,
                      **every_part)  # fmt: skip
     candidates += rest
+    for cands in candidates:
+        for c in cands:
+            c["rewording"] = 1 - c["source_overlap"]  # as paraphrase(rank_by={"rewording": w}) computes it
     default_call, _ = decode(paraphraser, sources, novelty=novelty)  # one paraphrase, as the pipeline gives unasked
 
     ibleus = []  # each candidate's sentence-level true iBLEU: the oracle's choice, and every ranking's mean
     for cands, source, reference in zip(candidates, sources, references):
         tokens, src, ref = [normalize(c["generated_text"]) for c in cands], normalize(source), normalize(reference)
         ibleus.append([100 * ibleu(bleu(t, ref, BLEU4_WEIGHTS), bleu(t, src, BLEU4_WEIGHTS)) for t in tokens])
-    parts = {"reverse": "reverse_log_likelihood", "similarity": "similarity"}
     if args.split == "tune":
-        families = {"score+reverse": ("reverse",), "score+similarity": ("similarity",), "all": tuple(parts)}
         chosen = {}
-        for family, names in families.items():
+        for family, names in FAMILIES.items():
             grid = [dict(zip(names, ws)) for ws in itertools.product(GRID, repeat=len(names))]
-            best = max(grid, key=lambda w: mean_ibleu(pick(candidates, {parts[k]: v for k, v in w.items()}), ibleus))
+            best = max(grid, key=lambda w: mean_ibleu(pick(candidates, {PARTS[k]: v for k, v in w.items()}), ibleus))
             chosen[family] = best
         (out / "weights.json").write_text(json.dumps(chosen, indent=1) + "\n")
     else:
         chosen = json.loads(Path(args.weights).read_text())
-    rankings = {"decoding score (first)": {}, "reverse likelihood alone": None, "similarity alone": None}
-    rankings |= {f"{family} {json.dumps(w)}": {parts[k]: v for k, v in w.items()} for family, w in chosen.items()}
-    picks = {}
-    for name, weights in rankings.items():
-        if weights is None:  # one part alone: ranked by it, the score only breaking ties
-            key = "reverse_log_likelihood" if name.startswith("reverse") else "similarity"
-            weights = {key: 1e6}
-        picks[name] = pick(candidates, weights)
+    rankings = {"decoding score (first)": {}}
+    alone = {"reverse likelihood": "reverse", "similarity": "similarity", "rewording": "rewording"}
+    rankings |= {f"{name} alone": {PARTS[part]: 1e6} for name, part in alone.items()}  # the score breaks ties
+    rankings |= {f"{family} {json.dumps(w)}": {PARTS[k]: v for k, v in w.items()} for family, w in chosen.items()}
+    picks = {name: pick(candidates, weights) for name, weights in rankings.items()}
     picks["oracle (best against the reference)"] = [max(range(len(s)), key=s.__getitem__) if s else -1 for s in ibleus]
 
     metric = training.load_metric()
@@ -145,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     texts["the default call (one paraphrase)"] = [c[0]["generated_text"] if c else "" for c in default_call]
     run = {"benchmark": "ranking", "model": str(args.checkpoint), "split": args.split, "pairs": len(pairs),
            "candidates": args.candidates, "novelty": novelty, "decoding": DECODING, "weights": chosen,
-           "ranking_time_ratio": ranked_s / decoding_s, "timed_pairs": len(timed)}  # fmt: skip
+           "ranking_time_ratio": ranked_s / decoding_s, "similarity_time_ratio": similarity_s / decoding_s,
+           "timed_pairs": len(timed)}  # fmt: skip
     rows = {}
     for name, predictions in texts.items():
         scores = metric.compute(predictions=predictions, references=references, sources=sources, common=common)
@@ -153,7 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
         append_run(out / f"runs-{args.split}.jsonl", {**run, "setting": name, "metrics": rows[name]})
     first, oracle = rows["decoding score (first)"]["ibleu"], rows["oracle (best against the reference)"]["ibleu"]
     print(f"{len(pairs)} pairs ({args.split}), {args.candidates} candidates, novelty {novelty}; ranking costs "
-          f"{ranked_s / decoding_s:.2f}x decoding the candidates ({len(timed)} pairs)")  # fmt: skip
+          f"{similarity_s / decoding_s:.2f}x decoding the candidates with the similarity (and rewording), "
+          f"{ranked_s / decoding_s:.2f}x with every part ({len(timed)} pairs)")  # fmt: skip
     print(f"{'setting':60} " + " ".join(f"{key:>12}" for key in SCORED) + "   gap closed")
     for name, row in rows.items():
         gap = (row["ibleu"] - first) / (oracle - first) if oracle != first else float("nan")

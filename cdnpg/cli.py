@@ -167,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="RANKING",
         help="what ranks the candidates: score, reverse_likelihood, score+reverse_likelihood, similarity, "
-        "score+similarity, or weights such as score=1,similarity=4 (default: the model's generation_config, else "
+        "score+similarity, or weights of score, reverse_likelihood, similarity and rewording such as "
+        "score=1,similarity=4,rewording=2 (default: the model's generation_config, else "
         "score). See docs/novelty.md",
     )
     para.add_argument(

