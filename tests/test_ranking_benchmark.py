@@ -41,6 +41,16 @@ def test_the_report_half_refuses_to_run_without_the_tune_halfs_weights(checkpoin
         ranking.parse_args([str(checkpoint), "--split", "report"])
 
 
+@pytest.mark.parametrize("name", ["ranking", "novelty"])
+@pytest.mark.parametrize("option", ["--max_pairs", "--threads"])
+def test_a_count_below_one_is_a_usage_error_naming_the_option(name, option, checkpoint, capsys):  # noqa: F811
+    """The decoding benchmarks share their options (common.decoding_parser) and their check."""
+    with pytest.raises(SystemExit) as exited:
+        load_benchmark(name).parse_args([str(checkpoint), option, "0"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: {option} must be positive, got 0")
+
+
 @pytest.mark.slow
 def test_tune_chooses_weights_that_report_reads_and_the_oracle_bounds_every_ranking(checkpoint, tmp_path):  # noqa: F811
     files = write_template_corpus(tmp_path / "data", num_train=80, num_valid=24, num_test=2, seed=0)
