@@ -20,12 +20,14 @@ import contextlib
 import functools
 import gc
 import itertools
+import re
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config
 from common import DECODING, format_table, machine_info, write_json
 from report import show
 from torch.autograd import DeviceType
@@ -60,6 +62,7 @@ NOT_LAUNCHED = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_
                 "resolve_neg", "detach", "lift_fresh", "_unsafe_view"}  # allocations, metadata: no kernel  # fmt: skip
 DISPATCHED = set(torch._C._dispatch_get_all_op_names())  # overloads with kernels (not TorchScript's)
 KERNEL_COLUMNS = ("forward", "backward", "total", "step", "generate_per_token", "call")
+INDUCTOR_CPU_KERNEL = re.compile(r"(^|_)cpp_fused_")  # an inductor C++ kernel's profiler range (kernel profile on)
 PROFILED = {GranularityHead: "cdnpg::GranularityHead (eq. 4)", CDNPGAttention: "cdnpg::CDNPGAttention"}
 
 
@@ -67,7 +70,7 @@ def comparisons(args) -> list[tuple[str, str, str, str, str | None]]:
     """Every ratio these options measure at each length, as (key, part, numerator runner, denominator runner, target):
     the models built are exactly the runners named here. A runner name says what runs how: "product" (SDPA) or
     "product@eager" in train and forward; "product+cache", "product-cache" (use_cache=False) or "product+static"
-    (static cache, `torch.compile`d forward) in generate."""
+    (static cache, `torch.compile`d forward) in generate; "product+compiled" (`torch.compile`d model) in train."""
     plan = [(f"train/{v}_vs_none", "train", v, "none", "train_ga_vs_none") for v in args.variants]
     plan.append(("train/none_vs_bart", "train", "none", BART, "train_none_vs_bart"))
     plan += [(f"train/{v}_sdpa_vs_eager", "train", v, f"{v}@eager", None) for v in args.eager_variants]
@@ -76,6 +79,13 @@ def comparisons(args) -> list[tuple[str, str, str, str, str | None]]:
     for v, gate, size in itertools.product(args.copy_variants, ("learned", "granularity"), ("", WARM)):
         key = f"train/{size.replace(':', '_')}{v}_{gate}_copy_vs_{v}"
         plan.append((key, "train", f"{size}{COPY}{gate}:{v}", size + v, "train_copy_vs_plain"))
+    for v in args.compiled_variants:  # the same step as one compiled graph: against eager, and as GA adds to none
+        plan.append((f"train/{v}_compiled_vs_eager", "train", f"{v}+compiled", v, None))
+        plan += (
+            [(f"train/{v}_vs_none_compiled", "train", f"{v}+compiled", "none+compiled", None)] if v != "none" else []
+        )
+    if args.compiled_variants:
+        plan.append(("train/none_vs_bart_compiled", "train", "none+compiled", f"{BART}+compiled", None))
     for v in args.gen_variants:
         plan.append((f"gen/{v}_nocache_vs_cache", "generate", f"{v}-cache", f"{v}+cache", "gen_cache_speedup"))
         plan += [(f"gen/{v}_vs_none_cached", "generate", f"{v}+cache", "none+cache", None)] if v != "none" else []
@@ -90,8 +100,9 @@ def comparisons(args) -> list[tuple[str, str, str, str, str | None]]:
 
 
 def model_name(runner: str) -> str:
-    """The model a runner times: "product@eager" of "product@eager", "product" of "product+cache"; a compiled
-    runner's own ("product+static"), whose forward is compiled."""
+    """The model a runner times: "product@eager" of "product@eager", "product" of "product+cache" and of
+    "product+compiled" (which compiles a wrapper of it); a static-cache runner's own ("product+static"), whose forward
+    is compiled."""
     return runner if runner.endswith("+static") else runner.split("+")[0].removesuffix("-cache")
 
 
@@ -134,9 +145,11 @@ def workload(runner: str, model, part: str, batch: int, length: int, new_tokens:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         labels = random_ids(model.config, batch, length, 1, args.device)
 
+        step_model = torch.compile(model, backend=args.compile_backend) if runner.endswith("+compiled") else model
+
         def train_step(observe=lambda half: contextlib.nullcontext()):  # count_kernels observes the halves
             with observe("forward"), autocast:
-                loss = model(input_ids=source, attention_mask=mask, labels=labels).loss
+                loss = step_model(input_ids=source, attention_mask=mask, labels=labels).loss
             with observe("backward"):
                 loss.backward()
             optimizer.step()
@@ -221,14 +234,19 @@ def launches(name: str) -> bool:
 
 def kernels(events, device: torch.device) -> int:
     """Kernels among profiled events: on CUDA the device's own (kernels, copies, fills); elsewhere the aten ops that
-    launch one (`launches`) and run inside none that does (what runs inside an op is its implementation)."""
+    launch one (`launches`) and the C++ kernels inductor generates (`INDUCTOR_CPU_KERNEL`, profiled when
+    `torch._inductor.config.cpp.enable_kernel_profile` was on as they were compiled), each run inside none of these
+    (what runs inside a kernel is its implementation)."""
     if device.type == "cuda":
         return sum(event.device_type == DeviceType.CUDA for event in events)
 
-    def nested(event) -> bool:  # inside an op that launches a kernel: part of that op's
-        return (parent := event.cpu_parent) is not None and (launches(parent.name) or nested(parent))
+    def kernel(name: str) -> bool:
+        return launches(name) or INDUCTOR_CPU_KERNEL.search(name) is not None
 
-    return sum(launches(event.name) and not nested(event) for event in events)
+    def nested(event) -> bool:  # inside an op that launches a kernel: part of that op's
+        return (parent := event.cpu_parent) is not None and (kernel(parent.name) or nested(parent))
+
+    return sum(kernel(event.name) and not nested(event) for event in events)
 
 
 def count_kernels(call, part: str, new_tokens: int, device: torch.device) -> dict[str, float]:
@@ -275,13 +293,11 @@ def measure(args, model_kw: dict, length: int, part: str, plan: list[tuple], res
         calls[runner] = workload(runner, models[name], part, batch, length, new_tokens, args)
     if not args.profile:
         for runner, call in calls.items():
-            if runner.endswith("+static") and args.device.type == "cpu" and args.compile_backend == "inductor":
-                continue  # inductor's C++ loops are no aten ops: its CPU kernels are not counted
             results["kernels"][f"L{length}/{part}/{runner}"] = count_kernels(call, part, new_tokens, args.device)
         for key, _, numerator, denominator, _ in plan:
             counted = [results["kernels"].get(f"L{length}/{part}/{runner}", {}) for runner in (numerator, denominator)]
             of = "step" if all("step" in c for c in counted) else "total"  # else generate() per token
-            if all(counted):  # inductor's CPU runners are not counted
+            if all(counted):
                 results["kernel_ratios"][f"L{length}/{key}"] = counted[0][of] / counted[1][of]
     if args.kernels_only:
         return
@@ -346,6 +362,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--eager-variants", **masks, default=["product"], help="SDPA vs eager, training step")
     add("--gen-variants", **masks, default=["product"], help="use_cache=False vs cached beam search")
     add("--static-variants", **masks, default=["product"], help="static cache + compile vs dynamic")
+    add("--compiled-variants", **masks, default=[], help="torch.compile'd training step vs eager, and vs none, BART")
     add("--flex-variants", **masks, default=["product"], help="flex attention vs SDPA, forward")
     add("--warm-variants", **masks, default=["resonance"], help="MiniLM-size model vs BART, training")
     add("--copy-variants", nargs="*", default=[], choices=GA_VARIANTS, help="with each copy gate vs without")
@@ -357,7 +374,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--out", type=Path, help="JSON: the ratios, every measurement, the options, the machine")
     add("--profile", type=Path, metavar="DIR", help="instead of the timing, profile each runner once into DIR")
     add("--kernels-only", action="store_true", help="count every runner's kernels, time nothing")
-    add("--compile-backend", default="inductor", help="torch.compile's, for the +static runners")
+    add("--compile-backend", default="inductor", help="torch.compile's, for the +static and +compiled runners")
     args = parser.parse_args(argv)
     args.seq_lens = args.seq_lens or ([8, 16] if args.quick else [20, 64, 256])
     args.repeats = args.repeats or (2 if args.quick else 5)
@@ -368,6 +385,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.device.type == "cpu":
         torch.set_num_threads(1)  # a thread waiting for a descheduled sibling would inflate small ops many times
+        torch._inductor.config.cpp.enable_kernel_profile = True  # inductor's C++ kernels as profiler ranges: counted
     model_kw = QUICK_MODEL if args.quick else {}
     plan = comparisons(args)
     command = " ".join(["speed.py", *(sys.argv[1:] if argv is None else argv)])

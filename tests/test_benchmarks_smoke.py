@@ -5,11 +5,16 @@ full benchmark and its reading are in docs/speed.md."""
 
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
+import pytest
 import torch
+import torch._inductor.config
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -158,8 +163,8 @@ def test_kernel_counts_match_a_direct_count_and_grow_with_the_masks(tmp_path):
     to its mask, and a decoding step is a fraction of beam search's per-token count."""
     out = tmp_path / "k.json"
     flags = ["--seq-lens", "8", "--parts", "train", "generate", "--gen-variants", "resonance", "--static-variants"]
-    completed = speed(tmp_path, *flags, "--warm-variants", "--copy-variants", "resonance", "--kernels-only", "--out",
-                      str(out))  # fmt: skip
+    completed = speed(tmp_path, *flags, "--warm-variants", "--copy-variants", "resonance", "--compiled-variants",
+                      "resonance", "--kernels-only", "--out", str(out))  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["measurements"] == [] and "| L8/train/bart |" in completed.stdout
@@ -170,6 +175,11 @@ def test_kernel_counts_match_a_direct_count_and_grow_with_the_masks(tmp_path):
     step = {runner: counts[f"L8/generate/{runner}+cache"]["step"] for runner in ("none", "resonance", "bart")}
     assert step["none"] < step["resonance"] and step["bart"] < counts["L8/generate/bart+cache"]["generate_per_token"]
     assert results["kernel_ratios"]["L8/train/resonance_vs_none"] > 1
+    # the compiled training step (dynamo's eager backend here: the same aten ops, counted as eager's are)
+    compiled = {runner: counts[f"L8/train/{runner}+compiled"]["total"] for runner in ("none", "resonance", "bart")}
+    assert compiled["none"] < compiled["resonance"]
+    assert {"L8/train/resonance_compiled_vs_eager", "L8/train/resonance_vs_none_compiled",
+            "L8/train/none_vs_bart_compiled"} <= set(results["kernel_ratios"])  # fmt: skip
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import speed as bench
@@ -190,3 +200,31 @@ def test_kernel_counts_match_a_direct_count_and_grow_with_the_masks(tmp_path):
     assert direct == {half: train["bart"][half] for half in direct}
     # where(x, scalar) is one kernel here, and two ops (the scalar's tensor) for the dispatcher
     assert abs(dispatched.ops - direct["forward"]) <= 0.05 * direct["forward"]
+
+
+@pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor's CPU kernels need a C++ compiler"
+)
+def test_inductor_cpu_kernels_are_counted_one_per_generated_loop():
+    """With inductor's kernel profile on (speed.py turns it on for CPU), a compiled function's generated C++ loops
+    are profiler ranges: each counts once, as do the extern GEMMs, and what runs inside them not at all."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import speed as bench
+
+    def f(x, w):
+        return ((x @ w) + 1).relu() * 2 - x.sum()  # mm, then one fused loop; eager: mm, add, relu, mul, sum, sub
+
+    torch._dynamo.reset()
+    with patch.object(torch._inductor.config.cpp, "enable_kernel_profile", True):
+        compiled = torch.compile(f, backend="inductor", fullgraph=True)
+        x, w = torch.randn(8, 8), torch.randn(8, 8)
+        compiled(x, w)
+        counts = {}
+        for name, call in (("compiled", compiled), ("eager", f)):
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                call(x, w)
+            counts[name] = bench.kernels(prof.events(), torch.device("cpu"))
+            names = [event.name for event in prof.events()]
+            if name == "compiled":
+                assert any(bench.INDUCTOR_CPU_KERNEL.search(n) for n in names), names
+    assert counts == {"compiled": 2, "eager": 6}
