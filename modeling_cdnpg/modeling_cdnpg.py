@@ -71,6 +71,11 @@ if TYPE_CHECKING:  # never imported here, but transformers copies a model's rela
 logger = logging.get_logger(__name__)
 
 MASK_FLOOR = 1e-32  # smallest mask value before the log (released code): log(1e-32) ≈ -73.7, i.e. weight ~ 0
+# SDPA's fused kernels that take an additive mask (memory-efficient, cuDNN) need a head_dim that is a multiple of 8 in
+# bf16/fp16 (4 in fp32); the paper's is 450 / 9 = 50, which left GA on SDPA's unfused math path (issue 39). On these
+# devices the heads are zero-padded to the next multiple (`padded_heads`): on a CPU the padding would only cost.
+HEAD_DIM_ALIGNMENT = 8
+PADDED_HEAD_DEVICES = frozenset({"cuda"})
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -409,6 +414,17 @@ def eager_attention_forward(
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
+def padded_heads(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """query, key, value (b, h, t, d) with d zero-padded to a multiple of `HEAD_DIM_ALIGNMENT`, so that SDPA may
+    choose its memory-efficient kernel, which takes GA's bias and returns its gradient. Nothing changes but the
+    shapes: the zeros add nothing to q . k (the scale is passed, 1 / sqrt(d), not the padded size's), and the
+    output's padded columns are weights times zero values, sliced off by the caller."""
+    pad = -query.shape[-1] % HEAD_DIM_ALIGNMENT
+    return tuple(F.pad(states, (0, pad)) for states in (query, key, value))
+
+
 def check_attention_backend(implementation: str) -> None:
     """Refuse a backend that takes no additive mask: running it would silently drop the granularity term."""
     if "flash" in implementation or implementation.startswith("paged"):
@@ -674,6 +690,9 @@ class CDNPGAttention(nn.Module):
             sdpa = attend is not eager_attention_forward and self.config._attn_implementation == "sdpa"
             if z_query is None and layout.plain_causal and sdpa:  # no mask: SDPA may choose a fused kernel, as BART's
                 attention_mask, extra["is_causal"] = None, True
+            pad = sdpa and self.head_dim % HEAD_DIM_ALIGNMENT and query_states.device.type in PADDED_HEAD_DEVICES
+            if pad:
+                query_states, key_states, value_states = padded_heads(query_states, key_states, value_states)
             attn_output, attn_weights = attend(
                 self,
                 query_states,
@@ -684,6 +703,8 @@ class CDNPGAttention(nn.Module):
                 dropout=dropout,
                 **extra,
             )
+            if pad:
+                attn_output = attn_output[..., : self.head_dim]  # (b, i, h, d): the padded columns are zeros
         attn_output = attn_output.reshape(*hidden_states.shape[:2], self.embed_dim)
         return self.out_proj(attn_output), attn_weights if output_attentions else None, z_query
 
