@@ -95,6 +95,8 @@ def comparisons(args) -> list[tuple[str, str, str, str, str | None]]:
     for v in args.static_variants:
         plan.append((f"gen/{v}_static_compiled_vs_dynamic", "generate", f"{v}+static", f"{v}+cache", None))
         plan.append((f"gen/{v}_static_compiled_vs_bart", "generate", f"{v}+static", f"{BART}+static", None))
+        if v != "none" and "none" in args.static_variants:  # what GA adds to a compiled decoding step
+            plan.append((f"gen/{v}_vs_none_static_compiled", "generate", f"{v}+static", "none+static", None))
     plan += [(f"forward/{v}_flex_vs_sdpa", "forward", f"{v}@flex_attention", v, None) for v in args.flex_variants]
     return [c for c in plan if c[1] in args.parts]
 

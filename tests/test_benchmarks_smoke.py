@@ -228,3 +228,18 @@ def test_inductor_cpu_kernels_are_counted_one_per_generated_loop():
             if name == "compiled":
                 assert any(bench.INDUCTOR_CPU_KERNEL.search(n) for n in names), names
     assert counts == {"compiled": 2, "eager": 6}
+
+
+def test_compiled_runners_are_compared_with_eager_and_ga_with_none_compiled_alike():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import speed as bench
+
+    args = bench.parse_args(["--parts", "train", "generate", "--compiled-variants", "none", "resonance",
+                             "--static-variants", "none", "product"])  # fmt: skip
+    plan = {key: (numerator, denominator) for key, _, numerator, denominator, _ in bench.comparisons(args)}
+    assert plan["train/resonance_compiled_vs_eager"] == ("resonance+compiled", "resonance")
+    assert plan["train/resonance_vs_none_compiled"] == ("resonance+compiled", "none+compiled")
+    assert plan["train/none_vs_bart_compiled"] == ("none+compiled", "bart+compiled")
+    assert plan["gen/product_vs_none_static_compiled"] == ("product+static", "none+static")
+    assert "train/none_vs_none_compiled" not in plan and "gen/none_vs_none_static_compiled" not in plan
+    assert bench.model_name("resonance+compiled") == "resonance"  # a compiled wrapper of the eager runner's model
