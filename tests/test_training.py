@@ -515,11 +515,12 @@ def test_ctrl_c_names_the_last_checkpoint_and_the_resume_command_in_one_line(tmp
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "training" / "run.py"), *argv],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a terminal's Ctrl-C, however pytest runs
     )  # fmt: skip
     try:
-        for _ in range(600):  # checkpoints every 5 steps, the first a few seconds in (imports)
-            if list(output.glob("checkpoint-*/trainer_state.json")):
-                break
+        deadline = time.monotonic() + 600  # checkpoints every 5 steps, the first seconds in on an idle machine
+        while not list(output.glob("checkpoint-*/trainer_state.json")):  # interrupt training, not the set-up
+            assert time.monotonic() < deadline and process.poll() is None, "no checkpoint was written in 10 minutes"
             time.sleep(0.2)
         time.sleep(1)  # into the saves that follow: an interrupted save is never named
         process.send_signal(signal.SIGINT)
