@@ -57,8 +57,8 @@ Ranking (`rank_by`, `RANKING_PARTS`): the candidates are ranked by a weighted su
 directions), "similarity" (the cosine of x's and y's sentence embeddings, mean-pooled and L2-normalised as
 sentence-transformers does, by an encoder of one's choice, e.g. all-MiniLM-L6-v2: `SentenceSimilarity`, passed as
 `similarity=`) and "rewording" (1 - source_overlap: a meaning part alone prefers the candidate nearest the source's
-words, which a paraphrase should change): `rank_by={"score": 1.0, "similarity": 4.0, "rewording": 2.0}`, or a string of `RANKINGS` ("score+similarity": weight 1
-each). `num_candidates=K` generates and ranks K candidates and returns the best `num_return_sequences`, so that a
+words, which a paraphrase should change): `rank_by={"score": 1.0, "similarity": 0.5, "rewording": 0.5}`, or a
+string of `RANKINGS` ("score+similarity": weight 1 each). `num_candidates=K` generates and ranks K candidates and returns the best `num_return_sequences`, so that a
 ranking picks the best of K even for one paraphrase. Both default to the generation config's `rank_by` /
 `num_candidates`; a default that needs similarity needs `similarity=` too, since a checkpoint cannot ship the
 embedder.
@@ -967,8 +967,8 @@ def paraphrase(
     rank_by: what ranks the candidates, a string of `RANKINGS` or a mapping of weights of the parts of
     `RANKING_PARTS`, e.g. `{"score": 1.0, "similarity": 4.0}`: the candidates are ranked by the weighted sum of the
     parts (`ranking_weights`), returned as `sequences_scores`; the parts it names are returned too (the score as its
-    own parts: log_likelihoods, source_overlaps, details_kept; rewording as 1 - source_overlaps). None takes the generation config's `rank_by`, else
-    "score". A ranking other than by the score alone ranks even at novelty 0.
+    own parts: log_likelihoods, source_overlaps, details_kept; rewording as 1 - source_overlaps). None takes the
+    generation config's `rank_by`, else "score". A ranking other than by the score alone ranks even at novelty 0.
     num_candidates: how many candidates to generate and rank per input, of which the best `num_return_sequences` are
     returned (at least num_return_sequences; None: the generation config's `num_candidates`, raised to
     num_return_sequences, else num_return_sequences). similarity: the sentence embedder (`SentenceSimilarity`) that a
@@ -1030,7 +1030,9 @@ def paraphrase(
         chosen = decode_groups(search, source, rules)
         sequences, filled = stack_candidates(chosen, candidates, config.pad_token_id or 0, source.input_ids.device)
     score, likelihood, overlap, kept = score_candidates(model, source, sequences, novelty, keep_details)
-    parts = {"score": score, "rewording": 1 - overlap}  # what iBLEU charges, the source's wording, is known here
+    parts = {"score": score}
+    if "rewording" in weights:  # what iBLEU charges, the source's wording, is known here
+        parts["rewording"] = 1 - overlap
     if "reverse_likelihood" in weights:
         parts["reverse_likelihood"] = reverse_log_likelihoods(model, source, sequences)
     if "similarity" in weights:
