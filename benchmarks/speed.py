@@ -44,6 +44,7 @@ GA_VARIANTS = tuple(mask for mask in GRANULARITY_MASKS if mask != "none")
 PARTS = ("train", "generate", "forward")
 BART, WARM = "bart", "minilm:"  # runner names: transformers' BART; prefix of a model of MINILM_MODEL's size
 COPY = "copy-"  # runner prefix: "copy-learned:resonance" is resonance with the learned copy gate
+FUSED = "fused:"  # runner prefix: "fused:resonance" builds its masks compiled (config.compile_granularity_masks)
 QUICK_MODEL = {"vocab_size": 512, "max_position_embeddings": 64, **architecture_fields(d_model=32, layers=2)}
 QUICK_MODEL.update(architecture_fields(attention_heads=4, ffn_dim=64))
 MINILM_MODEL = {  # what `cdnpg convert` makes of all-MiniLM-L6-v2 (random weights: only the size matters here)
@@ -86,6 +87,10 @@ def comparisons(args) -> list[tuple[str, str, str, str, str | None]]:
         )
     if args.compiled_variants:
         plan.append(("train/none_vs_bart_compiled", "train", "none+compiled", f"{BART}+compiled", None))
+    for v in args.fused_variants:  # eager model, the GA mask compiled alone: against none and the unfused mask
+        plan.append((f"train/{v}_fused_vs_none", "train", FUSED + v, "none", None))
+        plan.append((f"train/{v}_fused_vs_unfused", "train", FUSED + v, v, None))
+        plan.append((f"gen/{v}_fused_vs_none_cached", "generate", f"{FUSED}{v}+cache", "none+cache", None))
     for v in args.gen_variants:
         plan.append((f"gen/{v}_nocache_vs_cache", "generate", f"{v}-cache", f"{v}+cache", "gen_cache_speedup"))
         plan += [(f"gen/{v}_vs_none_cached", "generate", f"{v}+cache", "none+cache", None)] if v != "none" else []
@@ -118,6 +123,8 @@ def build_model(runner: str, model_kw: dict) -> torch.nn.Module:
         name, model_kw = name.removeprefix(WARM), {**model_kw, **MINILM_MODEL}
         if name != BART:  # what from_bert builds besides: BERT's prediction head, no activation dropout
             model_kw = {**model_kw, "lm_head_transform": True, "activation_dropout": 0.0}
+    if name.startswith(FUSED):
+        name, model_kw = name.removeprefix(FUSED), {**model_kw, "compile_granularity_masks": True}
     if name.startswith(COPY):
         gate, _, name = name.removeprefix(COPY).partition(":")
         model_kw = {**model_kw, "copy_mechanism": gate}
@@ -365,6 +372,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--gen-variants", **masks, default=["product"], help="use_cache=False vs cached beam search")
     add("--static-variants", **masks, default=["product"], help="static cache + compile vs dynamic")
     add("--compiled-variants", **masks, default=[], help="torch.compile'd training step vs eager, and vs none, BART")
+    add("--fused-variants", nargs="*", default=[], choices=GA_VARIANTS, help="masks compiled alone vs none, unfused")
     add("--flex-variants", **masks, default=["product"], help="flex attention vs SDPA, forward")
     add("--warm-variants", **masks, default=["resonance"], help="MiniLM-size model vs BART, training")
     add("--copy-variants", nargs="*", default=[], choices=GA_VARIANTS, help="with each copy gate vs without")

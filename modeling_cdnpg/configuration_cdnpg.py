@@ -88,6 +88,13 @@ class CDNPGConfig(PretrainedConfig):
             Whether cross-attention gets the resonance mask (eq. 6) with z_i from the decoder queries and z_j from
             the encoder states through the cross-attention's own granularity head, as the released code does. The
             scope mask is never applied in cross-attention. Ignored when `granularity_mask="none"`.
+        compile_granularity_masks (`bool`, defaults to `False`):
+            Build the granularity mask of eqs. 6-9 and its gradient with `torch.compile` (the mask alone; the model
+            stays eager): one generated kernel forward and about one backward per attention module instead of about
+            10 and 17 aten kernels, which on a GPU, where the paper-size model is launch-bound, sets the step time
+            (docs/speed.md). Each mask kind, dtype and grad mode compiles once, at first use (seconds; on CPU it needs
+            a C++ compiler); lengths do not recompile. Values and gradients equal the default path's to float
+            rounding. Ignored with `granularity_mask="none"`, `granularity_mask_mode="multiply"` and flex attention.
         lm_head_transform (`bool`, defaults to `False`):
             Put BERT's masked-LM prediction head before the (tied) output projection: a dense d_model -> d_model
             layer, `activation_function`, a LayerNorm, and a vocabulary bias on the logits. The paper's model has
@@ -151,6 +158,7 @@ class CDNPGConfig(PretrainedConfig):
         granularity_mask_mode: str = "log_bias",
         scope_epsilon: float = 2.0,
         cross_attention_granularity: bool = True,
+        compile_granularity_masks: bool = False,
         initializer_range: float = 0.02,
         lm_head_transform: bool = False,
         copy_mechanism: str | None = None,
@@ -180,6 +188,7 @@ class CDNPGConfig(PretrainedConfig):
         self.granularity_mask_mode = granularity_mask_mode
         self.scope_epsilon = scope_epsilon
         self.cross_attention_granularity = cross_attention_granularity
+        self.compile_granularity_masks = compile_granularity_masks
         self.initializer_range = initializer_range
         self.lm_head_transform = lm_head_transform
         self.copy_mechanism = copy_mechanism
@@ -222,6 +231,10 @@ class CDNPGConfig(PretrainedConfig):
                 raise ValueError(
                     f"copy_excluded_token_ids must be token ids in [0, vocab_size={self.vocab_size}), got {outside[:5]}"
                 )
+        if not isinstance(self.compile_granularity_masks, bool):
+            raise ValueError(
+                f"compile_granularity_masks must be True or False, got {self.compile_granularity_masks!r}"
+            )
         if not self.scope_epsilon > 0:
             raise ValueError(f"scope_epsilon must be > 0 (eq. 8), got {self.scope_epsilon!r}")
         for name in (

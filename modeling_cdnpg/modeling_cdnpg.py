@@ -70,6 +70,7 @@ if TYPE_CHECKING:  # never imported here, but transformers copies a model's rela
 
 logger = logging.get_logger(__name__)
 
+GRANULARITY_BIAS_VARIANTS = 64  # compiled variants of the GA bias per process (`compiled_granularity_bias`)
 MASK_FLOOR = 1e-32  # smallest mask value before the log (released code): log(1e-32) ≈ -73.7, i.e. weight ~ 0
 # SDPA's fused kernels that take an additive mask (memory-efficient, cuDNN) need a head_dim that is a multiple of 8 in
 # bf16/fp16 (4 in fp32); the paper's is 450 / 9 = 50, which left GA on SDPA's unfused math path (issue 39). On these
@@ -374,13 +375,65 @@ class AttentionLayout:
         return self.shared["scope", epsilon, dtype]
 
 
+def granularity_bias(
+    kind: str,
+    z_i: torch.Tensor,
+    z_j: torch.Tensor,
+    length: torch.Tensor | None,
+    distance: torch.Tensor | None,
+    epsilon: float,
+    blocked: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """GA-attention's additive mask as the paper writes it, through autograd: log(max(M, 1e-32)) (b, 1, i, j) of
+    `granularity_mask` where a key is visible, the dtype's minimum where it is blocked. `GranularityBias` computes
+    the same in fewer aten kernels; `compiled_granularity_bias` compiles this function into one generated kernel
+    forward and about one backward."""
+    bias = granularity_mask(kind, z_i, z_j, length, distance, epsilon).clamp(min=MASK_FLOOR).log()[:, None]
+    bias = bias.to(dtype)
+    return bias if blocked is None else bias.masked_fill(blocked, torch.finfo(dtype).min)
+
+
+@functools.cache
+def compiled_granularity_bias() -> Callable:
+    """`granularity_bias` compiled once per process (`config.compile_granularity_masks`): inductor fuses eqs. 6-9,
+    the log and the blocking into one kernel, and their gradient into about one more (Triton on CUDA, C++ on CPU),
+    where the aten ops of `GranularityBias` launch about 10 forward and 17 backward per attention module (issue 39).
+
+    Dynamic shapes: a new length compiles nothing; a new mask kind, dtype, grad mode or blocking does, once, and so
+    does a size of 1, which dynamo specialises (one query per decoding step, one source, one key). One model needs
+    about a dozen variants, past dynamo's default limit of 8, beyond which it would run the unfused formula: the
+    limit is raised for this function's calls alone."""
+    compiled = torch.compile(granularity_bias, dynamic=True)
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # < 2.7
+
+    def bias(*args) -> torch.Tensor:
+        with torch._dynamo.config.patch({limit: GRANULARITY_BIAS_VARIANTS}):
+            return compiled(*args)
+
+    return bias
+
+
 def attention_bias(
-    layout: AttentionLayout, dtype: torch.dtype, kind: str = "none", z_query=None, z_key=None, epsilon: float = 0.0
+    layout: AttentionLayout,
+    dtype: torch.dtype,
+    kind: str = "none",
+    z_query=None,
+    z_key=None,
+    epsilon: float = 0.0,
+    compiled: bool = False,
 ) -> torch.Tensor | None:
     """Additive float mask (b, 1, i, j): log(max(M, 1e-32)) of the granularity mask `kind` (eqs. 6-9) where a key is
-    visible, the dtype's minimum where not (`GranularityBias`); the padding bias alone for `kind="none"`."""
+    visible, the dtype's minimum where not (`GranularityBias`, or with `compiled` `compiled_granularity_bias`); the
+    padding bias alone for `kind="none"`."""
     if kind == "none":
         return layout.padding_bias(dtype)
+    if compiled:  # inside a compiled model, the formula itself: the model's graph fuses it
+        build = granularity_bias if torch.compiler.is_compiling() else compiled_granularity_bias()
+        length = layout.length[:, :, None].to(z_query.dtype) if kind != "resonance" else None
+        distance = layout.distance.to(z_query.dtype) if kind != "resonance" else None
+        z_i, z_j = z_query[:, :, None], z_key[:, None, :]
+        return build(kind, z_i, z_j, length, distance, epsilon, layout.blocked, dtype)
     base = offset = None
     if kind != "resonance":
         base, offset = layout.scope_terms(epsilon, z_query.dtype)
@@ -683,7 +736,13 @@ class CDNPGAttention(nn.Module):
                 attention_mask = layout.padding_bias(query_states.dtype)
             else:  # GA, eqs. 6-9 as log M in the additive mask (`GranularityBias`), or the padding bias alone
                 attention_mask = attention_bias(
-                    layout, query_states.dtype, self.mask_kind, z_query, z_key, self.config.scope_epsilon
+                    layout,
+                    query_states.dtype,
+                    self.mask_kind,
+                    z_query,
+                    z_key,
+                    self.config.scope_epsilon,
+                    compiled=self.config.compile_granularity_masks,
                 )
             # the literal eq. 9, or the weights themselves, need the reference path
             attend = eager_attention_forward if multiply or output_attentions else attention_function(self.config)

@@ -243,3 +243,29 @@ def test_compiled_runners_are_compared_with_eager_and_ga_with_none_compiled_alik
     assert plan["gen/product_vs_none_static_compiled"] == ("product+static", "none+static")
     assert "train/none_vs_none_compiled" not in plan and "gen/none_vs_none_static_compiled" not in plan
     assert bench.model_name("resonance+compiled") == "resonance"  # a compiled wrapper of the eager runner's model
+
+
+@pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor's CPU kernels need a C++ compiler"
+)
+def test_masks_compiled_alone_are_compared_with_none_and_aten_and_launch_fewer_kernels():
+    """`--fused-variants`: "fused:resonance" is resonance with config.compile_granularity_masks; its training step,
+    counted as speed.py counts, launches fewer kernels than the aten masks' and more than `none`'s (the heads)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import speed as bench
+
+    args = bench.parse_args(["--quick", "--parts", "train", "generate", "--fused-variants", "resonance"])
+    plan = {key: (numerator, denominator) for key, _, numerator, denominator, _ in bench.comparisons(args)}
+    assert plan["train/resonance_fused_vs_none"] == ("fused:resonance", "none")
+    assert plan["train/resonance_fused_vs_unfused"] == ("fused:resonance", "resonance")
+    assert plan["gen/resonance_fused_vs_none_cached"] == ("fused:resonance+cache", "none+cache")
+    assert bench.model_name("fused:resonance+cache") == "fused:resonance"
+    counts = {}
+    torch._dynamo.reset()  # the masks compile anew, with the kernel profile on
+    with patch.object(torch._inductor.config.cpp, "enable_kernel_profile", True):
+        for runner in ("none", "resonance", "fused:resonance"):
+            model = bench.build_model(runner, bench.QUICK_MODEL)
+            assert model.config.compile_granularity_masks is runner.startswith(bench.FUSED)
+            step = bench.workload(runner, model, "train", 2, 8, 8, args)
+            counts[runner] = bench.count_kernels(step, "train", 8, args.device)["total"]
+    assert counts["none"] < counts["fused:resonance"] < counts["resonance"]

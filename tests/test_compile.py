@@ -55,6 +55,13 @@ def test_the_training_forward_is_one_graph(overrides):
     assert_one_graph(torch._dynamo.explain(model)(**batch()))
 
 
+def test_masks_compiled_alone_inline_into_a_compiled_model_as_one_graph():
+    """config.compile_granularity_masks compiles the masks on their own in an eager model; inside a compiled model
+    the formula is traced with the rest (no nested compilation, no graph break)."""
+    model = tiny_model(granularity_mask="product", compile_granularity_masks=True).train()
+    assert_one_graph(torch._dynamo.explain(model)(**batch()))
+
+
 @pytest.mark.parametrize("overrides", MODELS[2:], ids=NAMES[2:])  # product, mean, none and both copy gates
 def test_a_cached_decoding_step_is_one_graph(overrides):
     model = tiny_model(**overrides)

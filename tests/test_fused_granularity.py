@@ -1,4 +1,5 @@
-"""The fused GA mask (`GranularityBias`, issue 39) equals the paper's formulas in value and gradient.
+"""The fused GA mask (`GranularityBias`, and compiled: `compiled_granularity_bias`, issue 39) equals the paper's
+formulas in value and gradient.
 
 The reference is what the model computed before the fusion: `granularity_mask` (eqs. 6-9, the readable spec) through
 autograd, log(max(M, 1e-32)) where a key is visible and the dtype's minimum where it is blocked. Compared in float64,
@@ -9,7 +10,9 @@ differences.
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
+from cdnpg.data import load_tokenizer
 from modeling_cdnpg.modeling_cdnpg import (
     MASK_FLOOR,
     AttentionLayout,
@@ -17,6 +20,7 @@ from modeling_cdnpg.modeling_cdnpg import (
     attention_bias,
     granularity_mask,
 )
+from tests.conftest import tiny_model
 
 KINDS = ("resonance", "scope", "product", "mean")
 EPSILON = 2.0
@@ -45,8 +49,11 @@ def random_z(batch, length, seed):
     return torch.sigmoid(3 * torch.randn(batch, length, generator=generator, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["aten", "compiled"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_fused_bias_equals_the_paper_formula_in_value_and_gradient(kind):
+def test_fused_bias_equals_the_paper_formula_in_value_and_gradient(kind, compiled):
+    """Both fused paths: `GranularityBias`'s aten ops and `compiled_granularity_bias`'s generated kernels
+    (config.compile_granularity_masks), each on every layout."""
     for name, layout, queries, keys in layouts():
         if name == "cross" and kind != "resonance":
             continue  # cross-attention has the resonance mask only
@@ -54,7 +61,7 @@ def test_fused_bias_equals_the_paper_formula_in_value_and_gradient(kind):
         z_key = random_z(3, keys, 1).requires_grad_()
         if name in {"encoder", "decoder"}:  # self-attention without a cache: one z per token, queries = keys
             z_key = z_query
-        fused = attention_bias(layout, torch.float64, kind, z_query, z_key, EPSILON)
+        fused = attention_bias(layout, torch.float64, kind, z_query, z_key, EPSILON, compiled=compiled)
         expected = reference_bias(kind, layout, z_query, z_key)
         torch.testing.assert_close(fused, expected, rtol=1e-12, atol=1e-12, msg=f"{kind}, {name}")
 
@@ -83,13 +90,13 @@ def test_fused_bias_backward_passes_gradcheck(kind):
     assert torch.autograd.gradcheck(bias, (z_query, z_key))
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_fused_bias_in_bfloat16_is_the_rounded_float32_bias_with_a_finite_minimum(kind):
+@pytest.mark.parametrize(("kind", "compiled"), [(kind, False) for kind in KINDS] + [("product", True)])
+def test_fused_bias_in_bfloat16_is_the_rounded_float32_bias_with_a_finite_minimum(kind, compiled):
     """Under bf16 autocast the mask is computed from float32 z and cast once; a blocked key gets bf16's minimum,
     not -inf (a fully blocked row attends uniformly instead of producing NaN)."""
     _, layout, queries, _ = next(layouts())
     z = random_z(3, queries, 5).float()
-    fused = attention_bias(layout, torch.bfloat16, kind, z, z, EPSILON)
+    fused = attention_bias(layout, torch.bfloat16, kind, z, z, EPSILON, compiled=compiled)
     assert fused.dtype == torch.bfloat16
     torch.testing.assert_close(fused, reference_bias(kind, layout, z, z, torch.bfloat16), rtol=0, atol=0)
     assert fused.isfinite().all()
@@ -103,3 +110,57 @@ def test_mask_below_the_floor_has_no_gradient():
     assert (fused[0, 0, 0, 4:] == torch.tensor(MASK_FLOOR, dtype=torch.float64).log()).all()
     (grad,) = torch.autograd.grad(fused[0, 0, 0, 4:].sum(), z)
     assert (grad == 0).all()
+
+
+@pytest.mark.parametrize("overrides", [{"granularity_mask": "product", "copy_mechanism": "granularity"},
+                                       {"granularity_mask": "scope", "cross_attention_granularity": False}])  # fmt: skip
+def test_a_model_with_compiled_masks_trains_and_decodes_as_with_the_default_ones(overrides):
+    """config.compile_granularity_masks changes how the masks run, not what the model computes: the same loss and
+    gradients on a padded batch, and the same beam search, step scores and z, where every cached step's queries sit
+    past the first position (the masks' cached-decoding layout)."""
+    counters.clear()
+    models = {}
+    for compiled in (False, True):
+        models[compiled] = tiny_model(
+            **overrides, compile_granularity_masks=compiled, dropout=0.0, attention_dropout=0
+        )
+    input_ids = torch.tensor([[5, 9, 13, 7, 21, 30], [8, 14, 3, 40, 0, 0]])
+    attention_mask = (input_ids != 0).long()
+    labels = torch.tensor([[6, 12, 30, 2], [11, 4, 2, -100]])
+    losses, grads, searches = {}, {}, {}
+    for compiled, model in models.items():
+        model.train()
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        losses[compiled] = loss.detach()
+        grads[compiled] = {name: param.grad for name, param in model.named_parameters() if param.grad is not None}
+        model.eval()
+        searches[compiled] = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, num_beams=3, max_new_tokens=6, min_new_tokens=6,
+            do_sample=False, output_scores=True, return_dict_in_generate=True,
+        )  # fmt: skip
+    assert counters["stats"]["unique_graphs"] >= 1  # the compiled masks ran, not the aten ones
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-6, atol=1e-6)
+    assert grads[True].keys() == grads[False].keys()
+    assert any("granularity_head" in name for name in grads[True])
+    for name, grad in grads[True].items():
+        torch.testing.assert_close(grad, grads[False][name], rtol=1e-5, atol=1e-6, msg=name)
+    assert torch.equal(searches[True].sequences, searches[False].sequences)
+    for got, want in zip(searches[True].scores, searches[False].scores, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_run_py_builds_every_model_source_with_compiled_masks_when_asked(tmp_path, tokenizer_dir):
+    """--compile_granularity_masks sets the config field of a new model and of a checkpoint to fine-tune (whose
+    architecture flags are refused), and leaves the checkpoint's own value where it is not given."""
+    from cdnpg.training import parse_args
+    from cdnpg.training.model import build_model
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    new = parse_args(["--compile_granularity_masks", "true", "--layers", "1", "--output_dir", "unused"])[0]
+    model = build_model(new, tokenizer)
+    assert model.config.compile_granularity_masks is True
+    model.save_pretrained(tmp_path / "checkpoint")
+    for flags, expected in ((["--compile_granularity_masks", "false"], False), ([], True)):
+        fine_tune = parse_args(["--model_name_or_path", str(tmp_path / "checkpoint"), *flags, "--output_dir", "x"])[0]
+        assert build_model(fine_tune, tokenizer).config.compile_granularity_masks is expected

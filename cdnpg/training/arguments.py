@@ -131,6 +131,14 @@ class ModelArguments:
             "marks as detail; needs granularity heads); None: no copying (CDNPGConfig.copy_mechanism)."
         },
     )
+    compile_granularity_masks: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Build the granularity masks with torch.compile (the masks alone, the model stays eager): about "
+            "one kernel each way per attention module instead of ~27, for GPUs, where the launches set the step "
+            "time (docs/speed.md); for any model source, saved in its config. None: the config's (default False)."
+        },
+    )
     copy_common_tokens: int | None = field(
         default=None,
         metadata={

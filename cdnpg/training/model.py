@@ -41,18 +41,25 @@ def build_model(
     args: ModelArguments, tokenizer: PreTrainedTokenizerBase, train_features: datasets.Dataset | None = None
 ) -> CDNPGForConditionalGeneration:
     """The checkpoint to fine-tune, the pretrained one converted (warm start), or a new model; a new or converted
-    model with `--copy_common_tokens` never copies the training features' most frequent tokens."""
+    model with `--copy_common_tokens` never copies the training features' most frequent tokens. Any of them builds
+    its masks as `--compile_granularity_masks` says, where given."""
     if args.model_name_or_path:
-        return load_checkpoint(args.model_name_or_path)
-    overrides = {}
-    if args.copy_common_tokens:
-        if train_features is None:
-            raise ValueError("--copy_common_tokens counts the training pairs' tokens: this run has no training split")
-        overrides["copy_excluded_token_ids"] = common_tokens(train_features, args.copy_common_tokens)
-    if args.init_from:
-        model, _ = convert(args.init_from, **args.config_overrides(), **overrides)
-        return model.train()
-    return CDNPGForConditionalGeneration(build_config(args, tokenizer, **overrides))
+        model = load_checkpoint(args.model_name_or_path)
+    else:
+        overrides = {}
+        if args.copy_common_tokens:
+            if train_features is None:
+                raise ValueError(
+                    "--copy_common_tokens counts the training pairs' tokens: this run has no training split"
+                )
+            overrides["copy_excluded_token_ids"] = common_tokens(train_features, args.copy_common_tokens)
+        if args.init_from:
+            model = convert(args.init_from, **args.config_overrides(), **overrides)[0].train()
+        else:
+            model = CDNPGForConditionalGeneration(build_config(args, tokenizer, **overrides))
+    if args.compile_granularity_masks is not None:  # how the masks run, not what they are: any source takes it
+        model.config.compile_granularity_masks = args.compile_granularity_masks
+    return model
 
 
 def common_tokens(features: datasets.Dataset, size: int) -> list[int]:
