@@ -569,48 +569,76 @@ class GranularityCache(EncoderDecoderCache):
     Keys and values stay in transformers' layout, (b, h, t, d_head). z lives in `granularity_cache`, a third cache of
     the same kind as the self-attention cache (a dynamic one that grows, or a static one preallocated to the same
     length), whose keys are z as (b, 1, t, 1) and whose values are empty (b, 1, t, 0) where they can be: z is stored
-    once. Everything generation does to the cache (reorder beams,
-    crop, reset, select or repeat batch rows) is done to z too. The model wraps whatever `EncoderDecoderCache` it is
-    given (e.g. the static cache of `generate(cache_implementation="static")`) at the first decoding step.
+    once. z of the encoder states, which cross-attention's resonance mask reads at every step, is computed at the
+    first step and kept in `cross_granularity_cache`, of the cross-attention cache's kind, as the cross-attention keys
+    and values are. Everything generation does to the cache (reorder beams, crop, reset, select or repeat batch rows)
+    is done to z too. The model wraps whatever `EncoderDecoderCache` it is given (e.g. the static cache of
+    `generate(cache_implementation="static")`) at the first decoding step.
     """
 
-    def __init__(self, self_attention_cache: Cache, cross_attention_cache: Cache, granularity_cache: Cache):
+    def __init__(
+        self,
+        self_attention_cache: Cache,
+        cross_attention_cache: Cache,
+        granularity_cache: Cache,
+        cross_granularity_cache: Cache,
+    ):
         super().__init__(self_attention_cache, cross_attention_cache)
         self.granularity_cache = granularity_cache
+        self.cross_granularity_cache = cross_granularity_cache
 
     @classmethod
     def wrap(cls, cache: EncoderDecoderCache) -> "GranularityCache":
         """The same sub-caches plus an empty z cache of their kind; a cache that already holds decoder tokens
         (without their z) cannot be continued."""
-        if cache.get_seq_length() > 0:
+        if cache.get_seq_length() > 0 or any(cache.is_updated.values()):
             raise ValueError(
-                f"{CACHE_NAME} holds decoder tokens but not their granularity z (eq. 4), which C-DNPG's masks "
-                "need: continue from the cache a C-DNPG forward pass or generate() returned (a GranularityCache)."
+                f"{CACHE_NAME} holds decoder tokens or encoder keys but not their granularity z (eq. 4), which "
+                "C-DNPG's masks need: continue from the cache a C-DNPG forward pass or generate() returned (a "
+                "GranularityCache)."
             )
-        layers = [
-            StaticLayer(max_cache_len=layer.max_cache_len) if isinstance(layer, StaticLayer) else DynamicLayer()
-            for layer in cache.self_attention_cache.layers
-        ]
-        granularity_cache = Cache(layers=layers) if layers else DynamicCache()
-        return cls(cache.self_attention_cache, cache.cross_attention_cache, granularity_cache)
+
+        def like(layers) -> Cache:  # an empty cache of the same kind: dynamic, or static of the same lengths
+            layers = [
+                StaticLayer(max_cache_len=layer.max_cache_len) if isinstance(layer, StaticLayer) else DynamicLayer()
+                for layer in layers
+            ]
+            return Cache(layers=layers) if layers else DynamicCache()
+
+        granularity_caches = like(cache.self_attention_cache.layers), like(cache.cross_attention_cache.layers)
+        return cls(cache.self_attention_cache, cache.cross_attention_cache, *granularity_caches)
+
+    @staticmethod
+    def store_granularity(cache: Cache, z: torch.Tensor, layer_idx: int, cache_kwargs: dict | None) -> torch.Tensor:
+        """Write z (b, i) into layer `layer_idx` of `cache` as the key of one head of width 1; return what the layer
+        holds (b, j). Its value is empty (width 0): z is stored once; a static layer of transformers 4.57 sizes its
+        values as its keys, so it keeps z twice."""
+        z = z[:, None, :, None]
+        static = layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], StaticLayer)
+        z_all, _ = cache.update(z, z if static else z[..., :0], layer_idx, cache_kwargs)
+        return z_all[:, 0, :, 0]
 
     def update_granularity(self, z: torch.Tensor, layer_idx: int, cache_kwargs: dict) -> torch.Tensor:
         """Store z (b, i) of new decoder tokens of self-attention layer `layer_idx`; return z of all its keys (b, j)."""
-        z = z[:, None, :, None]  # as the key of a cache with one head of width 1
-        # its value is empty (width 0): z is stored once; a static layer of transformers 4.57 sizes its values as
-        # its keys, so it keeps z twice
-        layers = self.granularity_cache.layers
-        static = layer_idx < len(layers) and isinstance(layers[layer_idx], StaticLayer)
-        z_all, _ = self.granularity_cache.update(z, z if static else z[..., :0], layer_idx, cache_kwargs)
-        return z_all[:, 0, :, 0]
+        return self.store_granularity(self.granularity_cache, z, layer_idx, cache_kwargs)
+
+    def update_cross_granularity(self, z: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        """Store z (b, j) of the encoder states as cross-attention layer `layer_idx` sees them (its first step)."""
+        return self.store_granularity(self.cross_granularity_cache, z, layer_idx, None)
+
+    def cross_granularity(self, layer_idx: int) -> torch.Tensor:
+        """z (b, j) of the encoder states stored by `update_cross_granularity`."""
+        return self.cross_granularity_cache.layers[layer_idx].keys[:, 0, :, 0]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         super().reorder_cache(beam_idx)
         self.granularity_cache.reorder_cache(beam_idx)
+        self.cross_granularity_cache.reorder_cache(beam_idx)
 
     def reset(self) -> None:
         super().reset()
         self.granularity_cache.reset()
+        self.cross_granularity_cache.reset()
 
     def crop(self, length: int) -> None:
         """`length` as transformers reads it: 5.x removes -length tokens, 4.57 keeps the first `length`."""
@@ -620,10 +648,12 @@ class GranularityCache(EncoderDecoderCache):
     def batch_repeat_interleave(self, repeats: int) -> None:
         super().batch_repeat_interleave(repeats)
         self.granularity_cache.batch_repeat_interleave(repeats)
+        self.cross_granularity_cache.batch_repeat_interleave(repeats)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         super().batch_select_indices(indices)
         self.granularity_cache.batch_select_indices(indices)
+        self.cross_granularity_cache.batch_select_indices(indices)
 
 
 def cache_capacity(cache: EncoderDecoderCache) -> int | None:
@@ -675,17 +705,23 @@ class CDNPGAttention(nn.Module):
 
     def _encoder_keys_and_values(
         self, encoder_states: torch.Tensor, cache: EncoderDecoderCache | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention keys and values: projected once, at the first decoding step, then read from the cache."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Cross-attention keys, values and z of the encoder states (eq. 4; None without a granularity head):
+        computed once, at the first decoding step, then read from the cache (a `GranularityCache` where z is)."""
         cross_cache = cache.cross_attention_cache if cache is not None else None
+        has_z = self.granularity_head is not None
         if cross_cache is not None and cache.is_updated.get(self.layer_idx):
-            return cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values
+            z_key = cache.cross_granularity(self.layer_idx) if has_z else None
+            return cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values, z_key
         key_states = self._split_heads(self.k_proj(encoder_states))
         value_states = self._split_heads(self.v_proj(encoder_states))
+        z_key = self.granularity_head(encoder_states) if has_z else None
         if cross_cache is not None:
             key_states, value_states = cross_cache.update(key_states, value_states, self.layer_idx)
+            if has_z:
+                z_key = cache.update_cross_granularity(z_key, self.layer_idx)
             cache.is_updated[self.layer_idx] = True
-        return key_states, value_states
+        return key_states, value_states, z_key
 
     def forward(
         self,
@@ -700,9 +736,7 @@ class CDNPGAttention(nn.Module):
         z_query = self.granularity_head(hidden_states) if self.granularity_head is not None else None
 
         if self.is_cross_attention:
-            key_states, value_states = self._encoder_keys_and_values(key_value_states, cache)
-            # z of the encoder states is recomputed, not cached: one (b, j, d) x (d,) product per step
-            z_key = self.granularity_head(key_value_states) if self.granularity_head is not None else None
+            key_states, value_states, z_key = self._encoder_keys_and_values(key_value_states, cache)
         else:
             key_states = self._split_heads(self.k_proj(hidden_states))
             value_states = self._split_heads(self.v_proj(hidden_states))

@@ -214,6 +214,22 @@ def test_cache_keeps_transformers_layout_and_z_beside_it(kind):
         for layer in cache.granularity_cache.layers:
             assert layer.keys.shape == (3, 1, 5, 1)
             assert ((layer.keys > 0) & (layer.keys < 1)).all()
+        # z of the encoder states, per cross-attention layer: what its granularity head makes of them, once
+        encoder_states = model.get_encoder()(input_ids, attention_mask).last_hidden_state
+        for layer, decoder_layer in zip(cache.cross_granularity_cache.layers, model.model.decoder.layers, strict=True):
+            with torch.no_grad():
+                expected = decoder_layer.encoder_attn.granularity_head(encoder_states)
+            torch.testing.assert_close(layer.keys[:, 0, :, 0], expected)
+
+
+def test_a_cache_with_encoder_keys_but_no_z_is_refused_naming_what_is_missing():
+    model = tiny_model(granularity_mask="resonance")
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        filled = cache_of(model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :1], use_cache=True))
+    foreign = EncoderDecoderCache(DynamicCache(), filled.cross_attention_cache)  # cross keys, no z
+    with pytest.raises(ValueError, match="holds decoder tokens or encoder keys but not their granularity z"):
+        model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :1], use_cache=True, **{CACHE_NAME: foreign})
 
 
 @pytest.mark.parametrize("kind", MASKS)
