@@ -90,6 +90,9 @@ def comparisons(args) -> list[tuple[str, str, str, str, str | None]]:
     for v in args.fused_variants:  # eager model, the GA mask compiled alone: against none and the unfused mask
         plan.append((f"train/{v}_fused_vs_none", "train", FUSED + v, "none", None))
         plan.append((f"train/{v}_fused_vs_unfused", "train", FUSED + v, v, None))
+        for gate in ("learned", "granularity") if v in args.copy_variants else ():  # what copying adds to it
+            key = f"train/{v}_fused_{gate}_copy_vs_{v}_fused"
+            plan.append((key, "train", f"{FUSED}{COPY}{gate}:{v}", FUSED + v, "train_copy_vs_plain"))
         plan.append((f"gen/{v}_fused_vs_none_cached", "generate", f"{FUSED}{v}+cache", "none+cache", None))
     for v in args.gen_variants:
         plan.append((f"gen/{v}_nocache_vs_cache", "generate", f"{v}-cache", f"{v}+cache", "gen_cache_speedup"))

@@ -254,9 +254,14 @@ def test_masks_compiled_alone_are_compared_with_none_and_aten_and_launch_fewer_k
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import speed as bench
 
-    args = bench.parse_args(["--quick", "--parts", "train", "generate", "--fused-variants", "resonance"])
+    args = bench.parse_args(["--quick", "--parts", "train", "generate", "--fused-variants", "resonance",
+                             "--copy-variants", "resonance"])  # fmt: skip
     plan = {key: (numerator, denominator) for key, _, numerator, denominator, _ in bench.comparisons(args)}
     assert plan["train/resonance_fused_vs_none"] == ("fused:resonance", "none")
+    assert plan["train/resonance_fused_learned_copy_vs_resonance_fused"] == (
+        "fused:copy-learned:resonance", "fused:resonance"
+    )  # fmt: skip
+    assert bench.build_model("fused:copy-learned:resonance", bench.QUICK_MODEL).config.copy_mechanism == "learned"
     assert plan["train/resonance_fused_vs_unfused"] == ("fused:resonance", "resonance")
     assert plan["gen/resonance_fused_vs_none_cached"] == ("fused:resonance+cache", "none+cache")
     assert bench.model_name("fused:resonance+cache") == "fused:resonance"
