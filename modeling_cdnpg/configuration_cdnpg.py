@@ -93,8 +93,9 @@ class CDNPGConfig(PretrainedConfig):
             stays eager): one generated kernel forward and about one backward per attention module instead of about
             10 and 17 aten kernels, which on a GPU, where the paper-size model is launch-bound, sets the step time
             (docs/speed.md). Each mask kind, dtype and grad mode compiles once, at first use (seconds; on CPU it needs
-            a C++ compiler); lengths do not recompile; the process's dynamo recompile limit is raised to 64 for
-            it. Values and gradients equal the default path's to float rounding. Ignored with `granularity_mask="none"`, `granularity_mask_mode="multiply"` and flex attention.
+            a C++ compiler); lengths do not recompile; up to 64 variants compile for the mask alone (the process's
+            dynamo recompile limit is left as it is). Values and gradients equal the default path's to float
+            rounding. Ignored with `granularity_mask="none"`, `granularity_mask_mode="multiply"` and flex attention.
         lm_head_transform (`bool`, defaults to `False`):
             Put BERT's masked-LM prediction head before the (tied) output projection: a dense d_model -> d_model
             layer, `activation_function`, a LayerNorm, and a vocabulary bias on the logits. The paper's model has

@@ -10,10 +10,13 @@ differences.
 
 import pytest
 import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
 from cdnpg.data import load_tokenizer
+from modeling_cdnpg import modeling_cdnpg
 from modeling_cdnpg.modeling_cdnpg import (
+    GRANULARITY_BIAS_VARIANTS,
     MASK_FLOOR,
     AttentionLayout,
     GranularityBias,
@@ -148,6 +151,51 @@ def test_a_model_with_compiled_masks_trains_and_decodes_as_with_the_default_ones
     assert torch.equal(searches[True].sequences, searches[False].sequences)
     for got, want in zip(searches[True].scores, searches[False].scores, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_masks_compile_every_variant_a_model_needs_and_leave_the_process_limit_alone():
+    """Training, beam, greedy (batch of 1) and uncached decoding need more variants of the compiled masks than
+    dynamo's default limit of 8: all compile (none falls back to the unfused formula), and the process's
+    `recompile_limit` stays as it was, so other compiled functions in the process (flex attention's) keep the limit
+    their user set (raising it process-wide changed flex attention's decoding in another test)."""
+    limit = torch._dynamo.config.recompile_limit
+    model = tiny_model(granularity_mask="product", compile_granularity_masks=True, dropout=0.0, attention_dropout=0)
+    input_ids = torch.tensor([[5, 9, 13, 7, 21, 30], [8, 14, 3, 40, 0, 0]])
+    attention_mask = (input_ids != 0).long()
+    labels = torch.tensor([[6, 12, 30, 2], [11, 4, 2, -100]])
+    model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+    model.eval()
+    model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=3, max_new_tokens=4)
+    model.generate(input_ids=input_ids[:1], num_beams=1, max_new_tokens=4)
+    model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=4, use_cache=False)
+    compiled_variants = _debug_get_cache_entry_list(modeling_cdnpg.granularity_bias.__code__)
+    assert limit < len(compiled_variants) <= GRANULARITY_BIAS_VARIANTS
+    assert torch._dynamo.config.recompile_limit == limit
+
+
+def test_compiled_masks_on_a_torch_without_a_per_function_limit_raise_it_only_during_each_call(monkeypatch):
+    """torch.compile before `recompile_limit=` (torch < 2.13): the limit is patched around each call, not left set."""
+    limits_seen = []
+
+    def compile_of_older_torch(model, *, dynamic=None):  # no recompile_limit; runs eagerly to watch the config
+        return model
+
+    def spy(*args):
+        limits_seen.append(torch._dynamo.config.recompile_limit)
+        return granularity_bias(*args)
+
+    granularity_bias = modeling_cdnpg.granularity_bias
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # dynamo's default
+    monkeypatch.setattr(torch, "compile", compile_of_older_torch)
+    monkeypatch.setattr(modeling_cdnpg, "granularity_bias", spy)
+    build = modeling_cdnpg.compiled_granularity_bias.__wrapped__()  # uncached: built with the older signature
+    layout = AttentionLayout.build(torch.ones(1, 4, dtype=torch.bool), torch.arange(4), causal=True)
+    z = random_z(1, 4, 0)
+    length, distance = layout.length[:, :, None].double(), layout.distance.double()
+    bias = build("scope", z[:, :, None], z[:, None, :], length, distance, EPSILON, layout.blocked, torch.float64)
+    torch.testing.assert_close(bias, reference_bias("scope", layout, z, z))
+    assert limits_seen == [GRANULARITY_BIAS_VARIANTS]
+    assert torch._dynamo.config.recompile_limit == 8
 
 
 def test_run_py_builds_every_model_source_with_compiled_masks_when_asked(tmp_path, tokenizer_dir):
