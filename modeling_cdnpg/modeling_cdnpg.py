@@ -1500,11 +1500,20 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         mask = attention_mask if attention_mask is not None else torch.ones_like(source_ids)
         z_source = z_target = None
         if self.config.copy_mechanism == "granularity":
-            z_source = self.model.decoder.layers[-1].encoder_attn.granularity_head(encoder_states)  # (b, j)
+            z_source = self.source_granularity(encoder_states, getattr(outputs, CACHE_NAME, None))  # (b, j)
             z_target = outputs.cross_granularities[-1][:, positions]  # (b, i)
         return self.copy_mechanism(
             logits, decoder_states, encoder_states, source_ids, mask, z_source, z_target, labels=labels
         )
+
+    def source_granularity(self, encoder_states: torch.Tensor, cache: Cache | None) -> torch.Tensor:
+        """z (b, j) of the source tokens as the last decoder layer's cross-attention sees them, which the granularity
+        gate weighs the copy attention by: read from the cache, where that layer stored it at the first decoding
+        step, else computed by its head."""
+        attention = self.model.decoder.layers[-1].encoder_attn
+        if isinstance(cache, GranularityCache) and cache.is_updated.get(attention.layer_idx):
+            return cache.cross_granularity(attention.layer_idx)
+        return attention.granularity_head(encoder_states)
 
     def get_encoder(self) -> CDNPGEncoder:
         """transformers 4.57 has no default. The embedding accessors and `get_decoder` are PreTrainedModel's, which

@@ -10,8 +10,8 @@ from transformers import AutoModelForSeq2SeqLM
 from cdnpg.data import load_tokenizer, model_token_ids, template_corpus, train_wordpiece_tokenizer
 from cdnpg.hub import save_checkpoint
 from modeling_cdnpg import CDNPGConfig, CDNPGForConditionalGeneration
-from modeling_cdnpg.modeling_cdnpg import CopyMechanism
-from tests.conftest import MASKS, PAD, tiny_config, tiny_model, train_tiny_paraphraser
+from modeling_cdnpg.modeling_cdnpg import CACHE_NAME, CopyMechanism
+from tests.conftest import BOS, MASKS, PAD, cache_of, tiny_config, tiny_model, train_tiny_paraphraser
 from tests.test_hub import PYTHONS, run_isolated
 from tests.test_modeling import batch
 
@@ -227,6 +227,26 @@ def test_cached_decoding_equals_uncached_decoding_with_copy(gate, mask, excluded
             for cache in ({"use_cache": True}, {"use_cache": False}, {"cache_implementation": "static"})
         ]
         assert torch.equal(runs[0], runs[1]) and torch.equal(runs[2], runs[1]), settings
+
+
+def test_the_granularity_gate_reads_the_source_z_from_the_cache_after_the_first_step():
+    """z of the source is computed once per generation, by the last cross-attention's head, which the cache keeps:
+    a later cached step runs that head on its new query alone (not again over the source for the gate), and its
+    log-probabilities equal an uncached forward's over the whole prefix."""
+    model = tiny_model(granularity_mask="resonance", copy_mechanism="granularity").eval()
+    input_ids, attention_mask = batch()
+    decoder_input_ids = torch.tensor([[BOS, 7, 9, 11]]).expand(input_ids.shape[0], -1)
+    head = model.model.decoder.layers[-1].encoder_attn.granularity_head
+    positions_seen = []
+    head.register_forward_hook(lambda module, args, output: positions_seen.append(args[0].shape[1]))
+    first = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids[:, :3], use_cache=True)
+    assert positions_seen == [3, input_ids.shape[1]]  # the queries, then the source once
+    positions_seen.clear()
+    later = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids[:, 3:], use_cache=True,
+                  **{CACHE_NAME: cache_of(first)})  # fmt: skip
+    assert positions_seen == [1]
+    full = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids, use_cache=False)
+    torch.testing.assert_close(later.logits[:, -1], full.logits[:, -1])
 
 
 def test_the_granularity_gate_needs_granularity_heads_in_cross_attention():
