@@ -14,7 +14,8 @@ the all-MiniLM-L6-v2 similarity and the rewording (1 - source_overlap). A rankin
 true iBLEU is the mean of sentence-level true iBLEU, so the tune split searches the weights of
 `score + w_r * reverse + w_s * similarity + w_w * rewording` over `GRID` exactly, and writes the best of each family to
 weights.json. The rankings, the default call (one paraphrase, no ranking) and the oracle are then scored by
-`paraphrase_metrics`, one JSON line each in `OUTPUT_DIR/runs-<split>.jsonl`. The ranking's cost is timed on the first
+`paraphrase_metrics`, one JSON line each in `OUTPUT_DIR/runs-<split>.jsonl`; every candidate, with its parts and
+true iBLEU, goes to `OUTPUT_DIR/candidates-<split>.jsonl` (the last run's). The ranking's cost is timed on the first
 chunk against decoding the candidates alone: with the similarity part (the rewording costs nothing: the score has
 its parts), and with every part.
 """
@@ -84,6 +85,20 @@ def mean_ibleu(chosen: list[int], ibleus: list[list[float]]) -> float:
     return sum(scores[i] if i >= 0 else 0.0 for i, scores in zip(chosen, ibleus)) / len(ibleus)
 
 
+def write_candidates(path: Path, sources, references, candidates, ibleus, default_call) -> None:
+    """Every source's candidates with their ranking parts and sentence-level true iBLEU, and the default call's
+    paraphrase, one JSON line per source: other rankings can be tried on the tune half without decoding again.
+    Written whole to a temporary file, then renamed over the last run's."""
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", encoding="utf-8") as out:
+        for source, reference, cands, scores, default in zip(sources, references, candidates, ibleus, default_call):
+            kept = [{**c, "ibleu": score} for c, score in zip(cands, scores)]
+            line = {"source": source, "reference": reference, "candidates": kept,
+                    "default_call": default[0]["generated_text"] if default else ""}  # fmt: skip
+            out.write(json.dumps(line, default=float) + "\n")
+    partial.replace(path)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out = Path(args.output_dir)
@@ -124,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     for cands, source, reference in zip(candidates, sources, references):
         tokens, src, ref = [normalize(c["generated_text"]) for c in cands], normalize(source), normalize(reference)
         ibleus.append([100 * ibleu(bleu(t, ref, BLEU4_WEIGHTS), bleu(t, src, BLEU4_WEIGHTS)) for t in tokens])
+    write_candidates(out / f"candidates-{args.split}.jsonl", sources, references, candidates, ibleus, default_call)
     if args.split == "tune":
         chosen = {}
         for family, names in FAMILIES.items():
