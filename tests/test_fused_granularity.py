@@ -185,17 +185,18 @@ def test_compiled_masks_on_a_torch_without_a_per_function_limit_raise_it_only_du
         return granularity_bias(*args)
 
     granularity_bias = modeling_cdnpg.granularity_bias
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # dynamo's default
     monkeypatch.setattr(torch, "compile", compile_of_older_torch)
     monkeypatch.setattr(modeling_cdnpg, "granularity_bias", spy)
-    build = modeling_cdnpg.compiled_granularity_bias.__wrapped__()  # uncached: built with the older signature
     layout = AttentionLayout.build(torch.ones(1, 4, dtype=torch.bool), torch.arange(4), causal=True)
     z = random_z(1, 4, 0)
     length, distance = layout.length[:, :, None].double(), layout.distance.double()
-    bias = build("scope", z[:, :, None], z[:, None, :], length, distance, EPSILON, layout.blocked, torch.float64)
+    # config.patch, not monkeypatch: monkeypatch's undo deletes a config module's entry (dynamo's own patch restores)
+    with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default
+        build = modeling_cdnpg.compiled_granularity_bias.__wrapped__()  # uncached: built with the older signature
+        bias = build("scope", z[:, :, None], z[:, None, :], length, distance, EPSILON, layout.blocked, torch.float64)
+        assert torch._dynamo.config.recompile_limit == 8
     torch.testing.assert_close(bias, reference_bias("scope", layout, z, z))
     assert limits_seen == [GRANULARITY_BIAS_VARIANTS]
-    assert torch._dynamo.config.recompile_limit == 8
 
 
 def test_run_py_builds_every_model_source_with_compiled_masks_when_asked(tmp_path, tokenizer_dir):
