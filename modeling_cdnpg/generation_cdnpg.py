@@ -57,11 +57,11 @@ Ranking (`rank_by`, `RANKING_PARTS`): the candidates are ranked by a weighted su
 directions), "similarity" (the cosine of x's and y's sentence embeddings, mean-pooled and L2-normalised as
 sentence-transformers does, by an encoder of one's choice, e.g. all-MiniLM-L6-v2: `SentenceSimilarity`, passed as
 `similarity=`) and "rewording" (1 - source_overlap: a meaning part alone prefers the candidate nearest the source's
-words, which a paraphrase should change): `rank_by={"score": 1.0, "similarity": 0.5, "rewording": 0.5}`, or a
-string of `RANKINGS` ("score+similarity": weight 1 each). `num_candidates=K` generates and ranks K candidates and
-returns the best `num_return_sequences`, so that a ranking picks the best of K even for one paraphrase. Both default to the generation config's `rank_by` /
-`num_candidates`; a default that needs similarity needs `similarity=` too, since a checkpoint cannot ship the
-embedder.
+words, which a paraphrase should change): `rank_by={"score": 1.0, "similarity": 0.5, "rewording": 0.5}`, or a string
+of `RANKINGS` ("score+similarity": weight 1 each). `num_candidates=K` generates and ranks K candidates and returns
+the best `num_return_sequences`, so that a ranking picks the best of K even for one paraphrase. Both default to the
+generation config's `rank_by` / `num_candidates`; a default that needs similarity needs `similarity=` too, since a
+checkpoint cannot ship the embedder.
 Copied into every saved checkpoint (remote code): imports only torch and transformers, on 4.57 and 5.x.
 """
 

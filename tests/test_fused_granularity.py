@@ -190,7 +190,7 @@ def test_compiled_masks_on_a_torch_without_a_per_function_limit_raise_it_only_du
     layout = AttentionLayout.build(torch.ones(1, 4, dtype=torch.bool), torch.arange(4), causal=True)
     z = random_z(1, 4, 0)
     length, distance = layout.length[:, :, None].double(), layout.distance.double()
-    # config.patch, not monkeypatch: monkeypatch's undo deletes a config module's entry (dynamo's own patch restores)
+    # config.patch, not monkeypatch: monkeypatch's undo left dynamo's config without recompile_limit (seen in CI)
     with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default
         build = modeling_cdnpg.compiled_granularity_bias.__wrapped__()  # uncached: built with the older signature
         bias = build("scope", z[:, :, None], z[:, None, :], length, distance, EPSILON, layout.blocked, torch.float64)
