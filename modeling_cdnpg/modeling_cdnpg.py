@@ -19,8 +19,8 @@ Deliberate differences from the released code, each covered by a test:
   code's renormalised product), so that any attention backend that takes an additive mask runs GA-attention (eager,
   SDPA, flex attention, through transformers' attention interface). The literal eq. 9 ("multiply" mode) runs eager.
 - Decoding is incremental with transformers' caches (dynamic or static): keys and values keep the standard layout,
-  z of the cached decoder tokens is kept beside them in a `GranularityCache`, and z of the encoder states (the
-  cross-attention keys) is recomputed at each step from the encoder output. The cache is the argument and output
+  z of the cached decoder tokens is kept beside them in a `GranularityCache`, and so is z of the encoder states (the
+  cross-attention keys), computed at the first step. The cache is the argument and output
   field `cache` on transformers >= 5.24 and `past_key_values` before (`CACHE_NAME`); both are taken.
 - A keyword argument the model does not use is an error (`refuse_unused`), never dropped: a renamed argument of a
   later transformers fails loudly instead of decoding without it.
@@ -145,10 +145,12 @@ class GranularityHead(nn.Module):
         super().__init__()
         self.proj = nn.Linear(d_model, 1)  # W_G (with bias)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, logits: bool = False) -> torch.Tensor:
+        """z (b, t), or with `logits` W_G h before the sigmoid, for a compiled mask that runs the sigmoid itself."""
         # at least fp32 so that the masks built from z stay exact under bf16/fp16 autocast; squeezed before the
         # sigmoid, so that z is a tensor of its own, not a view (FSDP2 warns of a layer that returns a view)
-        return torch.sigmoid(upcast(self.proj(hidden_states)).squeeze(-1))  # (b, t)
+        logit = upcast(self.proj(hidden_states)).squeeze(-1)  # (b, t)
+        return logit if logits else torch.sigmoid(logit)
 
 
 def resonance_mask(z_i: torch.Tensor, z_j: torch.Tensor) -> torch.Tensor:
@@ -385,11 +387,15 @@ def granularity_bias(
     epsilon: float,
     blocked: torch.Tensor | None,
     dtype: torch.dtype,
+    logits: bool = False,
 ) -> torch.Tensor:
     """GA-attention's additive mask as the paper writes it, through autograd: log(max(M, 1e-32)) (b, 1, i, j) of
     `granularity_mask` where a key is visible, the dtype's minimum where it is blocked. `GranularityBias` computes
     the same in fewer aten kernels; `compiled_granularity_bias` compiles this function into one generated kernel
-    forward and about one backward."""
+    forward and about one backward. With `logits`, z_i and z_j are W_G h and eq. 4's sigmoid runs here: compiled,
+    in the mask's own kernel instead of one of its own per module."""
+    if logits:
+        z_i, z_j = torch.sigmoid(z_i), torch.sigmoid(z_j)
     bias = granularity_mask(kind, z_i, z_j, length, distance, epsilon).clamp(min=MASK_FLOOR).log()[:, None]
     bias = bias.to(dtype)
     return bias if blocked is None else bias.masked_fill(blocked, torch.finfo(dtype).min)
@@ -423,10 +429,11 @@ def attention_bias(
     z_key=None,
     epsilon: float = 0.0,
     compiled: bool = False,
+    logits: bool = False,
 ) -> torch.Tensor | None:
     """Additive float mask (b, 1, i, j): log(max(M, 1e-32)) of the granularity mask `kind` (eqs. 6-9) where a key is
     visible, the dtype's minimum where not (`GranularityBias`, or with `compiled` `compiled_granularity_bias`); the
-    padding bias alone for `kind="none"`."""
+    padding bias alone for `kind="none"`. With `logits`, z_query and z_key are eq. 4's W_G h, before the sigmoid."""
     if kind == "none":
         return layout.padding_bias(dtype)
     if compiled:  # inside a compiled model, the formula itself: the model's graph fuses it
@@ -434,11 +441,14 @@ def attention_bias(
         length = layout.length[:, :, None].to(z_query.dtype) if kind != "resonance" else None
         distance = layout.distance.to(z_query.dtype) if kind != "resonance" else None
         z_i, z_j = z_query[:, :, None], z_key[:, None, :]
-        return build(kind, z_i, z_j, length, distance, epsilon, layout.blocked, dtype)
+        return build(kind, z_i, z_j, length, distance, epsilon, layout.blocked, dtype, logits)
     base = offset = None
     if kind != "resonance":
         base, offset = layout.scope_terms(epsilon, z_query.dtype)
     own_keys = z_key is z_query  # passed once (see `GranularityBias`)
+    if logits:
+        z_query = torch.sigmoid(z_query)
+        z_key = z_query if own_keys else torch.sigmoid(z_key)
     return GranularityBias.apply(z_query, None if own_keys else z_key, kind, base, offset, layout.blocked, dtype)
 
 
@@ -572,7 +582,8 @@ class GranularityCache(EncoderDecoderCache):
     length), whose keys are z as (b, 1, t, 1) and whose values are empty (b, 1, t, 0) where they can be: z is stored
     once. z of the encoder states, which cross-attention's resonance mask reads at every step, is computed at the
     first step and kept in `cross_granularity_cache`, of the cross-attention cache's kind, as the cross-attention keys
-    and values are. Everything generation does to the cache (reorder beams, crop, reset, select or repeat batch rows)
+    and values are. With the masks compiled (`config.compile_granularity_masks`) both keep z's logit W_G h instead
+    (`CDNPGAttention.granularity`), whose sigmoid the mask's kernel runs. Everything generation does to the cache (reorder beams, crop, reset, select or repeat batch rows)
     is done to z too. The model wraps whatever `EncoderDecoderCache` it is given (e.g. the static cache of
     `generate(cache_implementation="static")`) at the first decoding step.
     """
@@ -611,7 +622,7 @@ class GranularityCache(EncoderDecoderCache):
 
     @staticmethod
     def store_granularity(cache: Cache, z: torch.Tensor, layer_idx: int, cache_kwargs: dict | None) -> torch.Tensor:
-        """Write z (b, i) into layer `layer_idx` of `cache` as the key of one head of width 1; return what the layer
+        """Write z (b, i) (or its logit, see the class) into layer `layer_idx` of `cache` as the key of one head of width 1; return what the layer
         holds (b, j). Its value is empty (width 0): z is stored once; a static layer of transformers 4.57 sizes its
         values as its keys, so it keeps z twice."""
         z = z[:, None, :, None]
@@ -628,7 +639,7 @@ class GranularityCache(EncoderDecoderCache):
         return self.store_granularity(self.cross_granularity_cache, z, layer_idx, None)
 
     def cross_granularity(self, layer_idx: int) -> torch.Tensor:
-        """z (b, j) of the encoder states stored by `update_cross_granularity`."""
+        """z (b, j) of the encoder states (or its logit) stored by `update_cross_granularity`."""
         return self.cross_granularity_cache.layers[layer_idx].keys[:, 0, :, 0]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -704,25 +715,39 @@ class CDNPGAttention(nn.Module):
     def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
         return states.view(*states.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, t, d_head)
 
+    def granularity(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """Eq. 4 for these tokens (b, t) as the masks read it and the cache keeps it: z, or with the masks compiled
+        (`config.compile_granularity_masks`) its logit W_G h, whose sigmoid then runs inside the mask's kernel
+        instead of a kernel of its own. None without a granularity head."""
+        if self.granularity_head is None:
+            return None
+        return self.granularity_head(hidden_states, logits=self.config.compile_granularity_masks)
+
+    def as_z(self, granularity: torch.Tensor | None) -> torch.Tensor | None:
+        """z of eq. 4 from what `granularity` returned."""
+        logits = granularity is not None and self.config.compile_granularity_masks
+        return torch.sigmoid(granularity) if logits else granularity
+
     def _encoder_keys_and_values(
         self, encoder_states: torch.Tensor, cache: EncoderDecoderCache | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Cross-attention keys, values and z of the encoder states (eq. 4; None without a granularity head):
-        computed once, at the first decoding step, then read from the cache (a `GranularityCache` where z is)."""
+        """Cross-attention keys, values and the granularity of the encoder states (`granularity`; None without a
+        granularity head): computed once, at the first decoding step, then read from the cache (a
+        `GranularityCache` where there is a granularity head)."""
         cross_cache = cache.cross_attention_cache if cache is not None else None
         has_z = self.granularity_head is not None
         if cross_cache is not None and cache.is_updated.get(self.layer_idx):
-            z_key = cache.cross_granularity(self.layer_idx) if has_z else None
-            return cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values, z_key
+            g_key = cache.cross_granularity(self.layer_idx) if has_z else None
+            return cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values, g_key
         key_states = self._split_heads(self.k_proj(encoder_states))
         value_states = self._split_heads(self.v_proj(encoder_states))
-        z_key = self.granularity_head(encoder_states) if has_z else None
+        g_key = self.granularity(encoder_states)
         if cross_cache is not None:
             key_states, value_states = cross_cache.update(key_states, value_states, self.layer_idx)
             if has_z:
-                z_key = cache.update_cross_granularity(z_key, self.layer_idx)
+                g_key = cache.update_cross_granularity(g_key, self.layer_idx)
             cache.is_updated[self.layer_idx] = True
-        return key_states, value_states, z_key
+        return key_states, value_states, g_key
 
     def forward(
         self,
@@ -731,28 +756,31 @@ class CDNPGAttention(nn.Module):
         key_value_states: torch.Tensor | None = None,
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
+        output_granularities: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """hidden_states (b, i, d) -> output (b, i, d), attention weights (b, h, i, j) or None, z of the queries (b, i)."""
+        """hidden_states (b, i, d) -> output (b, i, d), attention weights (b, h, i, j) or None, z of the queries (b, i)
+        where asked (`output_granularities`) and there is a granularity head, else None."""
         query_states = self._split_heads(self.q_proj(hidden_states))
-        z_query = self.granularity_head(hidden_states) if self.granularity_head is not None else None
+        g_query = self.granularity(hidden_states)
 
         if self.is_cross_attention:
-            key_states, value_states, z_key = self._encoder_keys_and_values(key_value_states, cache)
+            key_states, value_states, g_key = self._encoder_keys_and_values(key_value_states, cache)
         else:
             key_states = self._split_heads(self.k_proj(hidden_states))
             value_states = self._split_heads(self.v_proj(hidden_states))
-            z_key = z_query  # the same tokens: one z per token, eq. 4
+            g_key = g_query  # the same tokens: one z per token, eq. 4
             if cache is not None:
                 cache_kwargs = {"cache_position": layout.query_positions}
                 key_states, value_states = cache.self_attention_cache.update(
                     key_states, value_states, self.layer_idx, cache_kwargs
                 )
-                if z_key is not None:
-                    z_key = cache.update_granularity(z_key, self.layer_idx, cache_kwargs)
+                if g_key is not None:
+                    g_key = cache.update_granularity(g_key, self.layer_idx, cache_kwargs)
 
         dropout = self.dropout if self.training else 0.0
-        multiply = z_query is not None and self.config.granularity_mask_mode == "multiply"
+        multiply = g_query is not None and self.config.granularity_mask_mode == "multiply"
         if not layout.dense:  # the stack chose flex attention, which applies the masks inside its kernel
+            z_query, z_key = self.as_z(g_query), self.as_z(g_key)
             attn_output, attn_weights = flex_granularity_attention(
                 self, query_states, key_states, value_states, layout, z_query, z_key, self.scaling, dropout
             )
@@ -762,8 +790,8 @@ class CDNPGAttention(nn.Module):
                 length = layout.length[:, :, None] if layout.length is not None else None
                 extra["multiplier"] = granularity_mask(
                     self.mask_kind,
-                    z_query[:, :, None],
-                    z_key[:, None, :],
+                    self.as_z(g_query)[:, :, None],
+                    self.as_z(g_key)[:, None, :],
                     length,
                     layout.distance,
                     self.config.scope_epsilon,
@@ -774,15 +802,16 @@ class CDNPGAttention(nn.Module):
                     layout,
                     query_states.dtype,
                     self.mask_kind,
-                    z_query,
-                    z_key,
+                    g_query,
+                    g_key,
                     self.config.scope_epsilon,
                     compiled=self.config.compile_granularity_masks,
+                    logits=self.config.compile_granularity_masks,
                 )
             # the literal eq. 9, or the weights themselves, need the reference path
             attend = eager_attention_forward if multiply or output_attentions else attention_function(self.config)
             sdpa = attend is not eager_attention_forward and self.config._attn_implementation == "sdpa"
-            if z_query is None and layout.plain_causal and sdpa:  # no mask: SDPA may choose a fused kernel, as BART's
+            if g_query is None and layout.plain_causal and sdpa:  # no mask: SDPA may choose a fused kernel, as BART's
                 attention_mask, extra["is_causal"] = None, True
             pad = sdpa and self.head_dim % HEAD_DIM_ALIGNMENT and query_states.device.type in PADDED_HEAD_DEVICES
             if pad:
@@ -800,6 +829,7 @@ class CDNPGAttention(nn.Module):
             if pad:
                 attn_output = attn_output[..., : self.head_dim]  # (b, i, h, d): the padded columns are zeros
         attn_output = attn_output.reshape(*hidden_states.shape[:2], self.embed_dim)
+        z_query = self.as_z(g_query) if output_granularities else None
         return self.out_proj(attn_output), attn_weights if output_attentions else None, z_query
 
 
@@ -831,8 +861,16 @@ class CDNPGEncoderLayer(CDNPGLayer):
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.add_feed_forward(config, config.encoder_ffn_dim)
 
-    def forward(self, hidden_states: torch.Tensor, layout: AttentionLayout, output_attentions: bool = False):
-        attn_output, attn_weights, z = self.self_attn(hidden_states, layout, output_attentions=output_attentions)
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        layout: AttentionLayout,
+        output_attentions: bool = False,
+        output_granularities: bool = False,
+    ):
+        attn_output, attn_weights, z = self.self_attn(
+            hidden_states, layout, output_attentions=output_attentions, output_granularities=output_granularities
+        )
         hidden_states = self.self_attn_layer_norm(hidden_states + self.dropout(attn_output))
         return self.feed_forward(hidden_states), attn_weights, z
 
@@ -860,17 +898,13 @@ class CDNPGDecoderLayer(CDNPGLayer):
         cross_layout: AttentionLayout,
         cache: GranularityCache | EncoderDecoderCache | None = None,
         output_attentions: bool = False,
+        output_granularities: bool = False,
     ):
-        attn_output, self_weights, self_z = self.self_attn(
-            hidden_states, self_layout, cache=cache, output_attentions=output_attentions
-        )
+        outputs = {"output_attentions": output_attentions, "output_granularities": output_granularities}
+        attn_output, self_weights, self_z = self.self_attn(hidden_states, self_layout, cache=cache, **outputs)
         hidden_states = self.self_attn_layer_norm(hidden_states + self.dropout(attn_output))
         attn_output, cross_weights, cross_z = self.encoder_attn(
-            hidden_states,
-            cross_layout,
-            key_value_states=encoder_hidden_states,
-            cache=cache,
-            output_attentions=output_attentions,
+            hidden_states, cross_layout, key_value_states=encoder_hidden_states, cache=cache, **outputs
         )
         hidden_states = self.encoder_attn_layer_norm(hidden_states + self.dropout(attn_output))
         return self.feed_forward(hidden_states), self_weights, cross_weights, self_z, cross_z
@@ -1091,7 +1125,7 @@ class CDNPGEncoder(CDNPGStack):
         )
 
         hidden_states, all_hidden, (attentions, z) = self.run_layers(
-            hidden_states, layout, output_attentions=output_attentions
+            hidden_states, layout, output_attentions=output_attentions, output_granularities=bool(output_granularities)
         )
         return CDNPGEncoderOutput(
             last_hidden_state=hidden_states,
@@ -1191,6 +1225,7 @@ class CDNPGDecoder(CDNPGStack):
             cross_layout,
             cache=cache,
             output_attentions=output_attentions,
+            output_granularities=bool(output_granularities),
         )
         return CDNPGDecoderOutput(
             last_hidden_state=hidden_states,
@@ -1512,7 +1547,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         step, else computed by its head."""
         attention = self.model.decoder.layers[-1].encoder_attn
         if isinstance(cache, GranularityCache) and cache.is_updated.get(attention.layer_idx):
-            return cache.cross_granularity(attention.layer_idx)
+            return attention.as_z(cache.cross_granularity(attention.layer_idx))
         return attention.granularity_head(encoder_states)
 
     def get_encoder(self) -> CDNPGEncoder:

@@ -16,6 +16,7 @@ from torch._dynamo.utils import counters
 from cdnpg.data import load_tokenizer
 from modeling_cdnpg import modeling_cdnpg
 from modeling_cdnpg.modeling_cdnpg import (
+    CACHE_NAME,
     GRANULARITY_BIAS_VARIANTS,
     MASK_FLOOR,
     AttentionLayout,
@@ -23,7 +24,7 @@ from modeling_cdnpg.modeling_cdnpg import (
     attention_bias,
     granularity_mask,
 )
-from tests.conftest import tiny_model
+from tests.conftest import cache_of, tiny_model
 
 KINDS = ("resonance", "scope", "product", "mean")
 EPSILON = 2.0
@@ -52,20 +53,29 @@ def random_z(batch, length, seed):
     return torch.sigmoid(3 * torch.randn(batch, length, generator=generator, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["aten", "compiled"])
+@pytest.mark.parametrize(
+    ("compiled", "logits"),
+    [(False, False), (True, False), (True, True), (False, True)],
+    ids=["aten", "compiled", "compiled-from-logits", "aten-from-logits"],
+)
 @pytest.mark.parametrize("kind", KINDS)
-def test_fused_bias_equals_the_paper_formula_in_value_and_gradient(kind, compiled):
+def test_fused_bias_equals_the_paper_formula_in_value_and_gradient(kind, compiled, logits):
     """Both fused paths: `GranularityBias`'s aten ops and `compiled_granularity_bias`'s generated kernels
-    (config.compile_granularity_masks), each on every layout."""
+    (config.compile_granularity_masks), each on every layout; given z, or given W_G h with eq. 4's sigmoid run with
+    the mask (what a model with compiled masks passes), the gradient then taken with respect to W_G h."""
     for name, layout, queries, keys in layouts():
         if name == "cross" and kind != "resonance":
             continue  # cross-attention has the resonance mask only
-        z_query = random_z(3, queries, 0).requires_grad_()
-        z_key = random_z(3, keys, 1).requires_grad_()
+        z_query = random_z(3, queries, 0)
+        z_key = random_z(3, keys, 1)
+        if logits:  # W_G h whose sigmoid is the z above
+            z_query, z_key = torch.logit(z_query), torch.logit(z_key)
+        z_query, z_key = z_query.requires_grad_(), z_key.requires_grad_()
         if name in {"encoder", "decoder"}:  # self-attention without a cache: one z per token, queries = keys
             z_key = z_query
-        fused = attention_bias(layout, torch.float64, kind, z_query, z_key, EPSILON, compiled=compiled)
-        expected = reference_bias(kind, layout, z_query, z_key)
+        fused = attention_bias(layout, torch.float64, kind, z_query, z_key, EPSILON, compiled=compiled, logits=logits)
+        eq4 = torch.sigmoid if logits else lambda z: z
+        expected = reference_bias(kind, layout, eq4(z_query), eq4(z_key))
         torch.testing.assert_close(fused, expected, rtol=1e-12, atol=1e-12, msg=f"{kind}, {name}")
 
         upstream = torch.randn(fused.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
@@ -130,7 +140,7 @@ def test_a_model_with_compiled_masks_trains_and_decodes_as_with_the_default_ones
     input_ids = torch.tensor([[5, 9, 13, 7, 21, 30], [8, 14, 3, 40, 0, 0]])
     attention_mask = (input_ids != 0).long()
     labels = torch.tensor([[6, 12, 30, 2], [11, 4, 2, -100]])
-    losses, grads, searches = {}, {}, {}
+    losses, grads, searches, z = {}, {}, {}, {}
     for compiled, model in models.items():
         model.train()
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
@@ -142,6 +152,12 @@ def test_a_model_with_compiled_masks_trains_and_decodes_as_with_the_default_ones
             input_ids=input_ids, attention_mask=attention_mask, num_beams=3, max_new_tokens=6, min_new_tokens=6,
             do_sample=False, output_scores=True, return_dict_in_generate=True,
         )  # fmt: skip
+        with torch.no_grad():  # z of every layer: the sigmoid of what the compiled masks keep and read, W_G h
+            prefix = searches[compiled].sequences[:, :4]
+            outputs = model(input_ids, attention_mask, decoder_input_ids=prefix, output_granularities=True)
+            z[compiled] = [outputs[name] for name in ("encoder_granularities", "decoder_granularities")]
+            if overrides.get("cross_attention_granularity", True):
+                z[compiled].append(outputs.cross_granularities)
     assert counters["stats"]["unique_graphs"] >= 1  # the compiled masks ran, not the aten ones
     torch.testing.assert_close(losses[True], losses[False], rtol=1e-6, atol=1e-6)
     assert grads[True].keys() == grads[False].keys()
@@ -151,6 +167,47 @@ def test_a_model_with_compiled_masks_trains_and_decodes_as_with_the_default_ones
     assert torch.equal(searches[True].sequences, searches[False].sequences)
     for got, want in zip(searches[True].scores, searches[False].scores, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for got, want in zip(z[True], z[False], strict=True):
+        assert len(got) == len(want) == 2
+        for got_layer, want_layer in zip(got, want, strict=True):
+            assert ((want_layer > 0) & (want_layer < 1)).all()
+            torch.testing.assert_close(got_layer, want_layer, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["resonance", "product"])
+def test_compiled_masks_run_the_sigmoid_of_eq4_inside_their_kernel_and_keep_its_logit_in_the_cache(kind):
+    """With the masks compiled, a cached decoding step launches no sigmoid of its own (eq. 4's runs inside each
+    mask's kernel; the default masks launch one per attention module), and the cache keeps W_G h, whose sigmoid is
+    the z a forward returns; decoding from it gives the uncached logits."""
+    input_ids = torch.tensor([[5, 9, 13, 7, 21, 30], [8, 14, 3, 40, 0, 0]])
+    attention_mask = (input_ids != 0).long()
+    prefix = torch.tensor([[2, 17, 6, 9], [2, 11, 30, 4]])
+    sigmoids = {}
+    for compiled in (False, True):
+        model = tiny_model(granularity_mask=kind, compile_granularity_masks=compiled, dropout=0.0, attention_dropout=0)
+        model.eval()
+        with torch.no_grad():
+            full = model(input_ids, attention_mask, decoder_input_ids=prefix, output_granularities=True)
+            encoded = {
+                "attention_mask": attention_mask,
+                "encoder_outputs": model.get_encoder()(input_ids, attention_mask),
+            }
+            cache = cache_of(model(**encoded, decoder_input_ids=prefix[:, :2], use_cache=True))
+            model(**encoded, decoder_input_ids=prefix[:, 2:3], **{CACHE_NAME: cache}, use_cache=True)
+            with torch.profiler.profile() as profile:  # every variant the step needs was compiled by the step before
+                step = model(**encoded, decoder_input_ids=prefix[:, 3:], **{CACHE_NAME: cache}, use_cache=True)
+        sigmoids[compiled] = sum(event.name == "aten::sigmoid" for event in profile.events())
+        torch.testing.assert_close(step.logits[:, -1], full.logits[:, -1], rtol=1e-5, atol=1e-5)
+        kept = cache.granularity_cache.layers[0].keys[:, 0, :, 0]  # (b, 4)
+        z = full.decoder_granularities[0]
+        torch.testing.assert_close(torch.sigmoid(kept) if compiled else kept, z, rtol=1e-6, atol=1e-7)
+        cross_kept = cache.cross_granularity_cache.layers[-1].keys[:, 0, :, 0]
+        with torch.no_grad():
+            head = model.model.decoder.layers[-1].encoder_attn.granularity_head
+            encoder_states = full.encoder_last_hidden_state
+            torch.testing.assert_close(cross_kept, head(encoder_states, logits=compiled), rtol=1e-6, atol=1e-6)
+    modules = 2 * model.config.decoder_layers  # self- and cross-attention of each decoder layer
+    assert sigmoids == {False: modules, True: 0}
 
 
 def test_compiled_masks_compile_every_variant_a_model_needs_and_leave_the_process_limit_alone():
