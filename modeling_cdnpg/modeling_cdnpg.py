@@ -756,10 +756,11 @@ class CDNPGAttention(nn.Module):
         key_value_states: torch.Tensor | None = None,
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
-        output_granularities: bool = False,
+        output_granularities: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """hidden_states (b, i, d) -> output (b, i, d), attention weights (b, h, i, j) or None, z of the queries (b, i)
-        where asked (`output_granularities`) and there is a granularity head, else None."""
+        where there is a granularity head, else None. The stacks pass `output_granularities=False` unless their
+        caller asks for z: with the masks compiled, z is then never computed (the masks read W_G h)."""
         query_states = self._split_heads(self.q_proj(hidden_states))
         g_query = self.granularity(hidden_states)
 
@@ -866,7 +867,7 @@ class CDNPGEncoderLayer(CDNPGLayer):
         hidden_states: torch.Tensor,
         layout: AttentionLayout,
         output_attentions: bool = False,
-        output_granularities: bool = False,
+        output_granularities: bool = True,
     ):
         attn_output, attn_weights, z = self.self_attn(
             hidden_states, layout, output_attentions=output_attentions, output_granularities=output_granularities
@@ -898,7 +899,7 @@ class CDNPGDecoderLayer(CDNPGLayer):
         cross_layout: AttentionLayout,
         cache: GranularityCache | EncoderDecoderCache | None = None,
         output_attentions: bool = False,
-        output_granularities: bool = False,
+        output_granularities: bool = True,
     ):
         outputs = {"output_attentions": output_attentions, "output_granularities": output_granularities}
         attn_output, self_weights, self_z = self.self_attn(hidden_states, self_layout, cache=cache, **outputs)
