@@ -274,6 +274,23 @@ class GranularityBias(torch.autograd.Function):
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def visible_keys(
+    key_padding: torch.Tensor | None, query_positions: torch.Tensor, causal: bool, key_count: int
+) -> torch.Tensor:
+    """N of eq. 8 (b, i) float: the number of keys query i sees, the real keys (key_padding (b, j) True) at positions
+    up to its own (`causal`) or at any of the `key_count`. key_padding None: every key is real, N (1, i)."""
+    last = query_positions if causal else torch.full_like(query_positions, key_count - 1)
+    if key_padding is None:  # the keys at positions 0 .. last
+        return (last + 1).float()[None]
+    visible_so_far = key_padding.long().cumsum(-1)  # (b, j): real keys at positions <= j
+    return visible_so_far[:, last].float()
+
+
+def key_distance(query_positions: torch.Tensor, key_count: int) -> torch.Tensor:
+    """|i - j| (i, j) float of eq. 8, between the queries' positions and those of the keys, 0 .. key_count - 1."""
+    return (query_positions[:, None] - torch.arange(key_count, device=query_positions.device)).abs().float()
+
+
 @dataclass
 class AttentionLayout:
     """Which keys each query may see, computed once per stack and shared by its layers, with what the masks of all
@@ -342,10 +359,10 @@ class AttentionLayout:
         if not self.scoped:
             return None
         if "length" not in self.shared:
-            visible_so_far = self.key_padding.long().cumsum(-1)  # (b, j): real keys at positions <= j
-            positions = self.query_positions
-            last = positions if self.causal else torch.full_like(positions, self.key_padding.shape[-1] - 1)
-            self.shared["length"] = visible_so_far[:, last].float()
+            batch_size, key_count = self.key_padding.shape
+            key_padding = self.key_padding if self.padded else None
+            length = visible_keys(key_padding, self.query_positions, self.causal, key_count)
+            self.shared["length"] = length.expand(batch_size, -1)
         return self.shared["length"]
 
     @property
@@ -354,7 +371,7 @@ class AttentionLayout:
         if not self.scoped:
             return None
         if "distance" not in self.shared:
-            self.shared["distance"] = (self.query_positions[:, None] - self.key_positions()).abs().float()
+            self.shared["distance"] = key_distance(self.query_positions, self.key_padding.shape[-1])
         return self.shared["distance"]
 
     def padding_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
@@ -401,11 +418,38 @@ def granularity_bias(
     return bias if blocked is None else bias.masked_fill(blocked, torch.finfo(dtype).min)
 
 
+def granularity_bias_in_layout(
+    kind: str,
+    z_query: torch.Tensor,
+    z_key: torch.Tensor,
+    length: torch.Tensor | None,
+    query_positions: torch.Tensor,
+    causal: bool,
+    epsilon: float,
+    blocked: torch.Tensor | None,
+    dtype: torch.dtype,
+    logits: bool = False,
+) -> torch.Tensor:
+    """`granularity_bias` of z_query (b, i) and z_key (b, j) with |i - j| of eq. 8 (`key_distance`) computed here,
+    and N (b, i) too where it is None, which says that every key is real (`visible_keys`): compiled, they are built
+    inside the mask's kernel instead of by up to eight kernels of their own per stack (N of padded keys, a cumulative
+    sum, is given: computed once per stack, not in every module's kernel). The resonance mask reads neither."""
+    distance = None
+    if kind != "resonance":
+        key_count = z_key.shape[-1]
+        length = length if length is not None else visible_keys(None, query_positions, causal, key_count)
+        length = length[:, :, None].to(z_query.dtype)
+        distance = key_distance(query_positions, key_count).to(z_query.dtype)
+    z_i, z_j = z_query[:, :, None], z_key[:, None, :]
+    return granularity_bias(kind, z_i, z_j, length, distance, epsilon, blocked, dtype, logits)
+
+
 @functools.cache
 def compiled_granularity_bias() -> Callable:
-    """`granularity_bias` compiled once per process (`config.compile_granularity_masks`): inductor fuses eqs. 6-9,
-    the log and the blocking into one kernel, and their gradient into about one more (Triton on CUDA, C++ on CPU),
-    where the aten ops of `GranularityBias` launch about 10 forward and 17 backward per attention module (issue 39).
+    """`granularity_bias_in_layout` compiled once per process (`config.compile_granularity_masks`): inductor fuses
+    eqs. 4-9, N and |i - j| of eq. 8, the log and the blocking into one kernel, and their gradient into about one more
+    (Triton on CUDA, C++ on CPU), where the aten ops of `GranularityBias` launch about 10 forward and 17 backward per
+    attention module (issue 39).
 
     Dynamic shapes: a new length compiles nothing; a new mask kind, dtype, grad mode or blocking does, once, and so
     does a size of 1, which dynamo specialises (one query per decoding step, one source, one key). One model needs
@@ -415,10 +459,10 @@ def compiled_granularity_bias() -> Callable:
     on older torch the limit is patched around each call (about 30-60 us a call). Never the process's limit: that
     would change how every other compiled function in the process falls back to eager (flex attention's, say)."""
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
-        return torch.compile(granularity_bias, dynamic=True, recompile_limit=GRANULARITY_BIAS_VARIANTS)
+        return torch.compile(granularity_bias_in_layout, dynamic=True, recompile_limit=GRANULARITY_BIAS_VARIANTS)
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # < 2.7
     patched_limit = torch._dynamo.config.patch({limit: GRANULARITY_BIAS_VARIANTS})
-    return patched_limit(torch.compile(granularity_bias, dynamic=True))
+    return patched_limit(torch.compile(granularity_bias_in_layout, dynamic=True))
 
 
 def attention_bias(
@@ -437,11 +481,10 @@ def attention_bias(
     if kind == "none":
         return layout.padding_bias(dtype)
     if compiled:  # inside a compiled model, the formula itself: the model's graph fuses it
-        build = granularity_bias if torch.compiler.is_compiling() else compiled_granularity_bias()
-        length = layout.length[:, :, None].to(z_query.dtype) if kind != "resonance" else None
-        distance = layout.distance.to(z_query.dtype) if kind != "resonance" else None
-        z_i, z_j = z_query[:, :, None], z_key[:, None, :]
-        return build(kind, z_i, z_j, length, distance, epsilon, layout.blocked, dtype, logits)
+        build = granularity_bias_in_layout if torch.compiler.is_compiling() else compiled_granularity_bias()
+        length = layout.length if kind != "resonance" and layout.padded else None
+        positions = layout.query_positions
+        return build(kind, z_query, z_key, length, positions, layout.causal, epsilon, layout.blocked, dtype, logits)
     base = offset = None
     if kind != "resonance":
         base, offset = layout.scope_terms(epsilon, z_query.dtype)

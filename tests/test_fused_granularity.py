@@ -37,14 +37,25 @@ def layouts():
     yield "decoder", AttentionLayout.build(padding, torch.arange(6), causal=True), 6, 6
     yield "cached step", AttentionLayout.build(padding, torch.tensor([4, 5]), causal=True), 2, 6
     yield "cross", AttentionLayout.cross(padding[:, :5], torch.arange(3)), 3, 5
+    # no padding mask given (`padded=False`): N of every query follows from its position alone
+    everything = torch.ones(3, 6, dtype=torch.bool)
+    yield "encoder, unpadded", AttentionLayout.build(everything, torch.arange(6), causal=False, padded=False), 6, 6
+    yield "decoder, unpadded", AttentionLayout.build(everything, torch.arange(6), causal=True, padded=False), 6, 6
+    cached = AttentionLayout.build(everything, torch.tensor([4, 5]), causal=True, padded=False)
+    yield "cached step, unpadded", cached, 2, 6
 
 
 def reference_bias(kind, layout, z_query, z_key, dtype=torch.float64):
-    """What the model computed before the fusion: the paper's formula, clamped, logged and masked."""
-    length = layout.length[:, :, None] if kind != "resonance" else None
-    mask = granularity_mask(kind, z_query[:, :, None], z_key[:, None, :], length, layout.distance, EPSILON)
+    """What the model computed before the fusion: the paper's formula, clamped, logged and masked; N of eq. 8 counted
+    key by key (the real keys each query sees) and |i - j| from the positions, not read from the layout."""
+    keys = torch.arange(layout.key_padding.shape[-1])
+    positions = layout.query_positions
+    seen = layout.key_padding[:, None, :] & ((keys <= positions[:, None]) if layout.causal else True)  # (b, i, j)
+    length = seen.sum(-1, keepdim=True).double() if kind != "resonance" else None
+    distance = (positions[:, None] - keys).abs().double()
+    mask = granularity_mask(kind, z_query[:, :, None], z_key[:, None, :], length, distance, EPSILON)
     bias = mask.clamp(min=MASK_FLOOR).log()[:, None].to(dtype)
-    return bias.masked_fill(layout.blocked, torch.finfo(dtype).min)
+    return bias if layout.blocked is None else bias.masked_fill(layout.blocked, torch.finfo(dtype).min)
 
 
 def random_z(batch, length, seed):
@@ -71,7 +82,7 @@ def test_fused_bias_equals_the_paper_formula_in_value_and_gradient(kind, compile
         if logits:  # W_G h whose sigmoid is the z above
             z_query, z_key = torch.logit(z_query), torch.logit(z_key)
         z_query, z_key = z_query.requires_grad_(), z_key.requires_grad_()
-        if name in {"encoder", "decoder"}:  # self-attention without a cache: one z per token, queries = keys
+        if name.startswith(("encoder", "decoder")):  # self-attention without a cache: one z per token, queries = keys
             z_key = z_query
         fused = attention_bias(layout, torch.float64, kind, z_query, z_key, EPSILON, compiled=compiled, logits=logits)
         eq4 = torch.sigmoid if logits else lambda z: z
@@ -225,7 +236,7 @@ def test_compiled_masks_compile_every_variant_a_model_needs_and_leave_the_proces
     model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=3, max_new_tokens=4)
     model.generate(input_ids=input_ids[:1], num_beams=1, max_new_tokens=4)
     model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=4, use_cache=False)
-    compiled_variants = _debug_get_cache_entry_list(modeling_cdnpg.granularity_bias.__code__)
+    compiled_variants = _debug_get_cache_entry_list(modeling_cdnpg.granularity_bias_in_layout.__code__)
     assert limit < len(compiled_variants) <= GRANULARITY_BIAS_VARIANTS
     assert torch._dynamo.config.recompile_limit == limit
 
@@ -239,18 +250,17 @@ def test_compiled_masks_on_a_torch_without_a_per_function_limit_raise_it_only_du
 
     def spy(*args):
         limits_seen.append(torch._dynamo.config.recompile_limit)
-        return granularity_bias(*args)
+        return granularity_bias_in_layout(*args)
 
-    granularity_bias = modeling_cdnpg.granularity_bias
+    granularity_bias_in_layout = modeling_cdnpg.granularity_bias_in_layout
     monkeypatch.setattr(torch, "compile", compile_of_older_torch)
-    monkeypatch.setattr(modeling_cdnpg, "granularity_bias", spy)
+    monkeypatch.setattr(modeling_cdnpg, "granularity_bias_in_layout", spy)
     layout = AttentionLayout.build(torch.ones(1, 4, dtype=torch.bool), torch.arange(4), causal=True)
     z = random_z(1, 4, 0)
-    length, distance = layout.length[:, :, None].double(), layout.distance.double()
     # config.patch, not monkeypatch: monkeypatch's undo left dynamo's config without recompile_limit (seen in CI)
     with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default
         build = modeling_cdnpg.compiled_granularity_bias.__wrapped__()  # uncached: built with the older signature
-        bias = build("scope", z[:, :, None], z[:, None, :], length, distance, EPSILON, layout.blocked, torch.float64)
+        bias = build("scope", z, z, None, layout.query_positions, True, EPSILON, layout.blocked, torch.float64)
         assert torch._dynamo.config.recompile_limit == 8
     torch.testing.assert_close(bias, reference_bias("scope", layout, z, z))
     assert limits_seen == [GRANULARITY_BIAS_VARIANTS]
