@@ -20,8 +20,8 @@ Deliberate differences from the released code, each covered by a test:
   SDPA, flex attention, through transformers' attention interface). The literal eq. 9 ("multiply" mode) runs eager.
 - Decoding is incremental with transformers' caches (dynamic or static): keys and values keep the standard layout,
   z of the cached decoder tokens is kept beside them in a `GranularityCache`, and so is z of the encoder states (the
-  cross-attention keys), computed at the first step. The cache is the argument and output
-  field `cache` on transformers >= 5.24 and `past_key_values` before (`CACHE_NAME`); both are taken.
+  cross-attention keys), computed at the first step. The cache is the argument and output field `cache` on
+  transformers >= 5.24 and `past_key_values` before (`CACHE_NAME`); both are taken.
 - A keyword argument the model does not use is an error (`refuse_unused`), never dropped: a renamed argument of a
   later transformers fails loudly instead of decoding without it.
 
@@ -626,9 +626,10 @@ class GranularityCache(EncoderDecoderCache):
     once. z of the encoder states, which cross-attention's resonance mask reads at every step, is computed at the
     first step and kept in `cross_granularity_cache`, of the cross-attention cache's kind, as the cross-attention keys
     and values are. With the masks compiled (`config.compile_granularity_masks`) both keep z's logit W_G h instead
-    (`CDNPGAttention.granularity`), whose sigmoid the mask's kernel runs. Everything generation does to the cache (reorder beams, crop, reset, select or repeat batch rows)
-    is done to z too. The model wraps whatever `EncoderDecoderCache` it is given (e.g. the static cache of
-    `generate(cache_implementation="static")`) at the first decoding step.
+    (`CDNPGAttention.granularity`), whose sigmoid the mask's kernel runs. Everything generation does to the cache
+    (reorder beams, crop, reset, select or repeat batch rows) is done to z too. The model wraps whatever
+    `EncoderDecoderCache` it is given (e.g. the static cache of `generate(cache_implementation="static")`) at the
+    first decoding step.
     """
 
     def __init__(
@@ -665,9 +666,9 @@ class GranularityCache(EncoderDecoderCache):
 
     @staticmethod
     def store_granularity(cache: Cache, z: torch.Tensor, layer_idx: int, cache_kwargs: dict | None) -> torch.Tensor:
-        """Write z (b, i) (or its logit, see the class) into layer `layer_idx` of `cache` as the key of one head of width 1; return what the layer
-        holds (b, j). Its value is empty (width 0): z is stored once; a static layer of transformers 4.57 sizes its
-        values as its keys, so it keeps z twice."""
+        """Write z (b, i) (or its logit, see the class) into layer `layer_idx` of `cache` as the key of one head of
+        width 1; return what the layer holds (b, j). Its value is empty (width 0): z is stored once; a static layer of
+        transformers 4.57 sizes its values as its keys, so it keeps z twice."""
         z = z[:, None, :, None]
         static = layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], StaticLayer)
         z_all, _ = cache.update(z, z if static else z[..., :0], layer_idx, cache_kwargs)
