@@ -71,7 +71,7 @@ if TYPE_CHECKING:  # never imported here, but transformers copies a model's rela
 
 logger = logging.get_logger(__name__)
 
-GRANULARITY_BIAS_VARIANTS = 64  # variants `compiled_granularity_bias` may compile, past dynamo's default of 8
+COMPILED_VARIANTS = 64  # variants each function of `compiled_alone` may compile, past dynamo's default of 8
 MASK_FLOOR = 1e-32  # smallest mask value before the log (released code): log(1e-32) ≈ -73.7, i.e. weight ~ 0
 # SDPA's fused kernels that take an additive mask (memory-efficient, cuDNN) need a head_dim that is a multiple of 8 in
 # bf16/fp16 (4 in fp32); the paper's is 450 / 9 = 50, which left GA on SDPA's unfused math path (issue 39). On these
@@ -408,7 +408,7 @@ def granularity_bias(
 ) -> torch.Tensor:
     """GA-attention's additive mask as the paper writes it, through autograd: log(max(M, 1e-32)) (b, 1, i, j) of
     `granularity_mask` where a key is visible, the dtype's minimum where it is blocked. `GranularityBias` computes
-    the same in fewer aten kernels; `compiled_granularity_bias` compiles this function into one generated kernel
+    the same in fewer aten kernels; `compiled_alone` compiles this function into one generated kernel
     forward and about one backward. With `logits`, z_i and z_j are W_G h and eq. 4's sigmoid runs here: compiled,
     in the mask's own kernel instead of one of its own per module."""
     if logits:
@@ -445,24 +445,30 @@ def granularity_bias_in_layout(
 
 
 @functools.cache
-def compiled_granularity_bias() -> Callable:
-    """`granularity_bias_in_layout` compiled once per process (`config.compile_granularity_masks`): inductor fuses
-    eqs. 4-9, N and |i - j| of eq. 8, the log and the blocking into one kernel, and their gradient into about one more
-    (Triton on CUDA, C++ on CPU), where the aten ops of `GranularityBias` launch about 10 forward and 17 backward per
-    attention module (issue 39).
+def compiled_alone(function: Callable) -> Callable:
+    """`function` compiled on its own, once per process, for an eager model (`config.compile_granularity_masks`):
+    inductor fuses its elementwise formula into about one kernel forward and one backward (Triton on CUDA, C++ on
+    CPU), where aten launches one per op (issue 39). `granularity_bias_in_layout`, `copy_attention` and
+    `copy_distribution` run so.
 
     Dynamic shapes: a new length compiles nothing; a new mask kind, dtype, grad mode or blocking does, once, and so
     does a size of 1, which dynamo specialises (one query per decoding step, one source, one key). One model needs
-    about a dozen variants (17 for training, beam, greedy and uncached decoding), past dynamo's default limit of 8,
-    beyond which it would run the unfused formula. So this function alone may compile `GRANULARITY_BIAS_VARIANTS`:
+    about a dozen variants of the masks (17 for training, beam, greedy and uncached decoding), past dynamo's default
+    limit of 8, beyond which it would run the unfused formula. So each such function may compile `COMPILED_VARIANTS`:
     torch.compile's own `recompile_limit` where torch has it (2.13), which applies the limit while compiling only;
     on older torch the limit is patched around each call (about 30-60 us a call). Never the process's limit: that
     would change how every other compiled function in the process falls back to eager (flex attention's, say)."""
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
-        return torch.compile(granularity_bias_in_layout, dynamic=True, recompile_limit=GRANULARITY_BIAS_VARIANTS)
+        return torch.compile(function, dynamic=True, recompile_limit=COMPILED_VARIANTS)
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # < 2.7
-    patched_limit = torch._dynamo.config.patch({limit: GRANULARITY_BIAS_VARIANTS})
-    return patched_limit(torch.compile(granularity_bias_in_layout, dynamic=True))
+    patched_limit = torch._dynamo.config.patch({limit: COMPILED_VARIANTS})
+    return patched_limit(torch.compile(function, dynamic=True))
+
+
+def compiled_if(function: Callable, compiled: bool) -> Callable:
+    """`function` compiled alone (`compiled_alone`) where `compiled`, else itself; itself inside a compiled model
+    too, whose graph then fuses the formula with the rest."""
+    return compiled_alone(function) if compiled and not torch.compiler.is_compiling() else function
 
 
 def attention_bias(
@@ -476,12 +482,12 @@ def attention_bias(
     logits: bool = False,
 ) -> torch.Tensor | None:
     """Additive float mask (b, 1, i, j): log(max(M, 1e-32)) of the granularity mask `kind` (eqs. 6-9) where a key is
-    visible, the dtype's minimum where not (`GranularityBias`, or with `compiled` `compiled_granularity_bias`); the
+    visible, the dtype's minimum where not (`GranularityBias`, or with `compiled` this formula compiled, `compiled_alone`); the
     padding bias alone for `kind="none"`. With `logits`, z_query and z_key are eq. 4's W_G h, before the sigmoid."""
     if kind == "none":
         return layout.padding_bias(dtype)
     if compiled:  # inside a compiled model, the formula itself: the model's graph fuses it
-        build = granularity_bias_in_layout if torch.compiler.is_compiling() else compiled_granularity_bias()
+        build = compiled_if(granularity_bias_in_layout, compiled)
         length = layout.length if kind != "resonance" and layout.padded else None
         positions = layout.query_positions
         return build(kind, z_query, z_key, length, positions, layout.causal, epsilon, layout.blocked, dtype, logits)
@@ -1393,6 +1399,78 @@ class CDNPGPredictionHeadTransform(nn.Module):
         return self.layer_norm(self.activation_fn(self.dense(hidden_states)))
 
 
+def copy_attention(
+    scores: torch.Tensor,
+    scaling: float,
+    copyable: torch.Tensor,
+    z_source: torch.Tensor | None = None,
+    logits: bool = False,
+) -> torch.Tensor:
+    """The copy attention α_t (b, i, j): a softmax of the scores q_t · k_j (b, i, j) times `scaling` over the copyable
+    source tokens (`copyable`, b, j). With the granularity gate, weighted by z of the source tokens (b, j), so that
+    details are copied: α_tj ∝ z_j exp(q_t · k_j). With `logits`, z_source is W_G h and eq. 4's sigmoid runs here."""
+    scores = upcast(scores) * scaling
+    if z_source is not None:
+        z_source = torch.sigmoid(z_source) if logits else z_source
+        scores = scores + upcast(z_source).clamp(min=MASK_FLOOR).log()[:, None, :]
+    return scores.masked_fill(~copyable[:, None, :], torch.finfo(scores.dtype).min).softmax(-1)
+
+
+def copy_gate(
+    gate: torch.Tensor, learned: bool, copyable: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log ρ_t and log(1 - ρ_t) (b, i): ρ_t = σ(gate) of the learned gate's logit, or ρ_t = z_t, the granularity
+    gate's z of the decoder position. Given `copyable` (b, j), ρ_t = 0 where the source holds no copyable token."""
+    gate = upcast(gate)
+    if learned:
+        log_rho, log_not_rho = F.logsigmoid(gate), F.logsigmoid(-gate)
+    else:
+        log_rho, log_not_rho = gate.clamp(min=MASK_FLOOR).log(), (1 - gate).clamp(min=MASK_FLOOR).log()
+    if copyable is not None:
+        nothing = ~copyable.any(-1)[:, None]  # (b, 1)
+        log_rho = log_rho.masked_fill(nothing, torch.finfo(log_rho.dtype).min)
+        log_not_rho = log_not_rho.masked_fill(nothing, 0.0)
+    return log_rho, log_not_rho
+
+
+def copy_distribution(
+    logits: torch.Tensor,
+    alpha: torch.Tensor,
+    gate: torch.Tensor,
+    source_ids: torch.LongTensor,
+    copyable: torch.Tensor,
+    labels: torch.LongTensor | None = None,
+    learned: bool = True,
+    excluded: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj as log-probabilities (b, i, V) in at least float32,
+    from the vocabulary logits (b, i, V), α (`copy_attention`) and the gate (`copy_gate`; with `excluded`, ρ_t = 0
+    where nothing is copyable), and the summed negative log-likelihood of the labels (b, i; -100 left out) or None.
+    The loss is read at the labels alone, so that its backward pass is cross-entropy's: nothing flows back through
+    the (b, i, V) mixture unless the caller uses it."""
+    log_rho, log_not_rho = copy_gate(gate, learned, copyable if excluded else None)
+    log_p = upcast(logits).log_softmax(-1)  # log P_gen
+
+    def mixed(generated: torch.Tensor, copied: torch.Tensor) -> torch.Tensor:
+        """log P(y) = log((1 - ρ) P_gen(y) + ρ Σ_{j: x_j = y} α_tj) from log((1 - ρ) P_gen(y)) and that sum."""
+        return torch.logaddexp(generated, copied.clamp(min=MASK_FLOOR).log() + log_rho[..., None])
+
+    # only the source's tokens change: the mixture is computed for them, never as a second (b, i, V) tensor
+    same = source_ids[:, :, None] == source_ids[:, None, :]  # (b, j, j)
+    index = source_ids[:, None, :].expand_as(alpha)
+    first = ((same.tril(-1).sum(-1) == 0) & copyable)[:, None, :]  # a repeated token is changed once
+    before = log_p.gather(-1, index) + log_not_rho[..., None]  # read from `log_p`: the sum below changes in place
+    after = mixed(before, alpha @ same.to(alpha.dtype))  # repeated tokens add up
+    log_probs = (log_p + log_not_rho[..., None]).scatter_add_(-1, index, (after - before) * first)
+    if labels is None:
+        return log_probs, None
+    targets = labels.clamp(min=0)[..., None]  # (b, i, 1); -100 read as token 0, then left out
+    hits = (targets == source_ids[:, None, :]) & copyable[:, None, :]  # (b, i, j)
+    generated = log_p.gather(-1, targets) + log_not_rho[..., None]
+    picked = torch.where(hits.any(-1, keepdim=True), mixed(generated, (alpha * hits).sum(-1, keepdim=True)), generated)
+    return log_probs, -(picked.squeeze(-1) * (labels != -100)).sum()
+
+
 class CopyMechanism(nn.Module):
     """A pointer over the source tokens mixed with the vocabulary distribution (the paper's Transformer+Copy row of
     Table 2; DNPG's eq. 8; See et al. 2017): P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj, with α_t a
@@ -1403,12 +1481,16 @@ class CopyMechanism(nn.Module):
     C-DNPG's decomposition decides: α re-weighted by the source tokens' z (details are copied) and ρ_t = z of the
     decoder position, both from the last decoder layer's cross-attention granularity head.
     `copy_excluded_token_ids` are never pointed at (ρ_t = 0 where the source holds nothing else).
+    With `config.compile_granularity_masks`, the attention's and the mixture's elementwise formulas (`copy_attention`,
+    `copy_distribution`) run compiled, as the masks do: a few generated kernels around the GEMMs instead of about 45
+    aten kernels forward and 45 backward (issue 39).
     """
 
     def __init__(self, config: CDNPGConfig):
         super().__init__()
         self.excluded_token_ids = tuple(config.copy_excluded_token_ids or ())
         self.excluded_ids_on = {}  # device -> excluded_token_ids as a tensor, built once (not per forward)
+        self.compiled = config.compile_granularity_masks
         self.scaling = config.d_model**-0.5
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
@@ -1426,54 +1508,25 @@ class CopyMechanism(nn.Module):
         labels: torch.LongTensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits (b, i, V) of the vocabulary, decoder states (b, i, d), encoder states (b, j, d), source ids and
-        mask (b, j), z of the source (b, j) and of the decoder positions (b, i) for the granularity gate, labels
-        (b, i) -> log P(y_t) (b, i, V) in at least float32, and the summed negative log-likelihood of the labels
-        (-100 left out) or None. The loss is read at the labels alone, so that its backward pass is cross-entropy's:
-        nothing flows back through the (b, i, V) mixture unless the caller uses it."""
-        scores = upcast(self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)) * self.scaling
-        if z_source is not None:  # GA: the copy attention leans on the source's details
-            scores = scores + upcast(z_source).clamp(min=MASK_FLOOR).log()[:, None, :]
+        mask (b, j), for the granularity gate z of the source (b, j; with `config.compile_granularity_masks` its
+        logit W_G h, as the cache keeps it) and of the decoder positions (b, i), labels (b, i) -> log P(y_t) (b, i, V)
+        and the summed NLL of the labels or None (`copy_distribution`)."""
         copyable = source_mask.bool()
         if self.excluded_token_ids:
             excluded = self.excluded_ids_on.get(source_ids.device)
             if excluded is None:  # a tensor from a Python tuple: once per device, not a host-to-device copy per call
                 excluded = self.excluded_ids_on[source_ids.device] = source_ids.new_tensor(self.excluded_token_ids)
             copyable = copyable & ~torch.isin(source_ids, excluded)
-        scores = scores.masked_fill(~copyable[:, None, :], torch.finfo(scores.dtype).min)
-        alpha = scores.softmax(-1)  # (b, i, j)
+        scores = self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)
+        alpha = compiled_if(copy_attention, self.compiled)(scores, self.scaling, copyable, z_source, self.compiled)
         if self.gate_proj is not None:
             context = alpha.to(encoder_states.dtype) @ encoder_states  # (b, i, d)
-            gate = upcast(self.gate_proj(torch.cat([hidden_states, context], dim=-1))).squeeze(-1)  # (b, i)
-            log_rho, log_not_rho = F.logsigmoid(gate), F.logsigmoid(-gate)
+            gate = self.gate_proj(torch.cat([hidden_states, context], dim=-1)).squeeze(-1)  # (b, i)
         else:  # GA: ρ_t = z_t
-            z_target = upcast(z_target)
-            log_rho, log_not_rho = z_target.clamp(min=MASK_FLOOR).log(), (1 - z_target).clamp(min=MASK_FLOOR).log()
-        if self.excluded_token_ids:  # a source of excluded tokens only: ρ = 0, all is generated
-            nothing = ~copyable.any(-1)[:, None]  # (b, 1)
-            log_rho = log_rho.masked_fill(nothing, torch.finfo(log_rho.dtype).min)
-            log_not_rho = log_not_rho.masked_fill(nothing, 0.0)
-        log_p = upcast(logits).log_softmax(-1)  # log P_gen
-
-        def mixed(generated: torch.Tensor, copied: torch.Tensor) -> torch.Tensor:
-            """log P(y) = log((1 - ρ) P_gen(y) + ρ Σ_{j: x_j = y} α_tj) from log((1 - ρ) P_gen(y)) and that sum."""
-            return torch.logaddexp(generated, copied.clamp(min=MASK_FLOOR).log() + log_rho[..., None])
-
-        # only the source's tokens change: the mixture is computed for them, never as a second (b, i, V) tensor
-        same = source_ids[:, :, None] == source_ids[:, None, :]  # (b, j, j)
-        index = source_ids[:, None, :].expand_as(alpha)
-        first = ((same.tril(-1).sum(-1) == 0) & copyable)[:, None, :]  # a repeated token is changed once
-        before = log_p.gather(-1, index) + log_not_rho[..., None]  # read from `log_p`: the sum below changes in place
-        after = mixed(before, alpha @ same.to(alpha.dtype))  # repeated tokens add up
-        log_probs = (log_p + log_not_rho[..., None]).scatter_add_(-1, index, (after - before) * first)
-        if labels is None:
-            return log_probs, None
-        targets = labels.clamp(min=0)[..., None]  # (b, i, 1); -100 read as token 0, then left out
-        hits = (targets == source_ids[:, None, :]) & copyable[:, None, :]  # (b, i, j)
-        generated = log_p.gather(-1, targets) + log_not_rho[..., None]
-        picked = torch.where(
-            hits.any(-1, keepdim=True), mixed(generated, (alpha * hits).sum(-1, keepdim=True)), generated
-        )
-        return log_probs, -(picked.squeeze(-1) * (labels != -100)).sum()
+            gate = z_target
+        learned, excluded = self.gate_proj is not None, bool(self.excluded_token_ids)
+        mixture = compiled_if(copy_distribution, self.compiled)
+        return mixture(logits, alpha, gate, source_ids, copyable, labels, learned, excluded)
 
 
 class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
@@ -1588,12 +1641,12 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
 
     def source_granularity(self, encoder_states: torch.Tensor, cache: Cache | None) -> torch.Tensor:
         """z (b, j) of the source tokens as the last decoder layer's cross-attention sees them, which the granularity
-        gate weighs the copy attention by: read from the cache, where that layer stored it at the first decoding
-        step, else computed by its head."""
+        gate weighs the copy attention by, or its logit W_G h with the masks compiled (`CDNPGAttention.granularity`):
+        read from the cache, where that layer stored it at the first decoding step, else computed by its head."""
         attention = self.model.decoder.layers[-1].encoder_attn
         if isinstance(cache, GranularityCache) and cache.is_updated.get(attention.layer_idx):
-            return attention.as_z(cache.cross_granularity(attention.layer_idx))
-        return attention.granularity_head(encoder_states)
+            return cache.cross_granularity(attention.layer_idx)
+        return attention.granularity(encoder_states)
 
     def get_encoder(self) -> CDNPGEncoder:
         """transformers 4.57 has no default. The embedding accessors and `get_decoder` are PreTrainedModel's, which

@@ -55,10 +55,11 @@ def test_the_training_forward_is_one_graph(overrides):
     assert_one_graph(torch._dynamo.explain(model)(**batch()))
 
 
-def test_masks_compiled_alone_inline_into_a_compiled_model_as_one_graph():
-    """config.compile_granularity_masks compiles the masks on their own in an eager model; inside a compiled model
-    the formula is traced with the rest (no nested compilation, no graph break)."""
-    model = tiny_model(granularity_mask="product", compile_granularity_masks=True).train()
+@pytest.mark.parametrize("copy", [None, "learned", "granularity"])
+def test_masks_compiled_alone_inline_into_a_compiled_model_as_one_graph(copy):
+    """config.compile_granularity_masks compiles the masks (and the copy's formulas) on their own in an eager model;
+    inside a compiled model the formulas are traced with the rest (no nested compilation, no graph break)."""
+    model = tiny_model(granularity_mask="product", copy_mechanism=copy, compile_granularity_masks=True).train()
     assert_one_graph(torch._dynamo.explain(model)(**batch()))
 
 

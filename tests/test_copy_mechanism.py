@@ -71,11 +71,12 @@ def test_copy_probabilities_by_hand_repeated_source_tokens_add_up():
     torch.testing.assert_close(mixed.exp(), expected)
 
 
-def test_excluded_tokens_get_no_copy_probability_and_a_source_of_them_only_is_generated_by_hand():
+@pytest.mark.parametrize("compiled", [False, True], ids=["aten", "compiled"])
+def test_excluded_tokens_get_no_copy_probability_and_a_source_of_them_only_is_generated_by_hand(compiled):
     """copy_excluded_token_ids 5 and 8, zero projections: in row 0, α is uniform over the copyable 7 and 9 and token
     5 keeps (1 - ρ) P_gen alone; row 1 holds excluded tokens only, so ρ = 0 and P = P_gen. The loss read at the
-    labels is the NLL of that distribution."""
-    config = tiny_config(copy_mechanism="learned", copy_excluded_token_ids=[5, 8])
+    labels is the NLL of that distribution. The same with the formulas compiled (compile_granularity_masks)."""
+    config = tiny_config(copy_mechanism="learned", copy_excluded_token_ids=[5, 8], compile_granularity_masks=compiled)
     copy = uniform_copy(config, gate_logit=0.4)
     logits = torch.randn(2, 2, config.vocab_size)
     source_ids, mask = torch.tensor([[5, 7, 5, 9], [8, 5, 8, PAD]]), torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
@@ -133,12 +134,13 @@ def test_the_copy_limits_are_checked_where_they_are_set(tokenizer_dir):
     assert model.copy_mechanism.excluded_token_ids == (7, 4, 9)
 
 
-def test_the_mixture_its_loss_and_their_gradients_equal_the_dense_formula_with_repeated_source_tokens():
+@pytest.mark.parametrize("compiled", [False, True], ids=["aten", "compiled"])
+def test_the_mixture_its_loss_and_their_gradients_equal_the_dense_formula_with_repeated_source_tokens(compiled):
     """The module changes only the source's tokens (each distinct one once); the dense formula builds the whole copy
     distribution: log((1 - ρ) softmax(logits) + ρ scatter_add(α)). Values and every gradient agree, also where the
-    source repeats a token (a write per occurrence would count its gradient twice)."""
+    source repeats a token (a write per occurrence would count its gradient twice); with the formulas compiled too."""
     torch.manual_seed(0)
-    config = tiny_config(copy_mechanism="learned")
+    config = tiny_config(copy_mechanism="learned", compile_granularity_masks=compiled)
     copy = CopyMechanism(config)
     logits = torch.randn(2, 3, config.vocab_size, requires_grad=True)
     states, encoder_states = torch.randn(2, 3, 32, requires_grad=True), torch.randn(2, 5, 32, requires_grad=True)
@@ -155,17 +157,64 @@ def test_the_mixture_its_loss_and_their_gradients_equal_the_dense_formula_with_r
 
     inputs = [logits, states, encoder_states, *copy.parameters()]
     labels = torch.tensor([[5, 7, 2], [6, -100, 8]])  # copied twice over, once, never; a padded position
-    got, nll = copy(logits, states, encoder_states, source_ids, mask, labels=labels)
+
+    def mixture() -> tuple[torch.Tensor, torch.Tensor]:  # a graph per gradient: a compiled backward runs only once
+        return copy(logits, states, encoder_states, source_ids, mask, labels=labels)
+
+    got, nll = mixture()
     expected = dense()
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    for ours, theirs in zip(torch.autograd.grad((got * weight).sum(), inputs, retain_graph=True),
-                            torch.autograd.grad((expected * weight).sum(), inputs, retain_graph=True)):  # fmt: skip
+    for ours, theirs in zip(torch.autograd.grad((got * weight).sum(), inputs),
+                             torch.autograd.grad((expected * weight).sum(), inputs, retain_graph=True)):  # fmt: skip
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
     # the loss, read at the labels alone, is the NLL of the dense distribution, with the same gradients
     dense_nll = F.nll_loss(expected.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+    _, nll = mixture()
     torch.testing.assert_close(nll, dense_nll, atol=1e-5, rtol=1e-5)
     for ours, theirs in zip(torch.autograd.grad(nll, inputs), torch.autograd.grad(dense_nll, inputs)):
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+# aten ops of the copy's attention and mixture alone (the model's attention runs none of them on a CPU)
+COPY_OPS = {"aten::logaddexp", "aten::tril", "aten::_log_softmax", "aten::log_sigmoid_forward", "aten::any"}
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_with_compiled_masks_the_copy_formulas_run_in_generated_kernels_with_the_same_loss_and_gradients(gate):
+    """compile_granularity_masks compiles the copy's attention and mixture on their own, as it does the masks
+    (issue 39: the copy's ~45 aten kernels each way were more than 10% of a training step with compiled masks): a
+    training step launches none of their aten ops, which the default model launches, and computes the same loss and
+    gradients."""
+    models = {
+        compiled: tiny_model(
+            granularity_mask="resonance",
+            copy_mechanism=gate,
+            compile_granularity_masks=compiled,
+            dropout=0.0,
+            attention_dropout=0.0,
+        )
+        for compiled in (False, True)
+    }
+    models[True].load_state_dict(models[False].state_dict())
+    input_ids, attention_mask = batch()
+    labels = input_ids[:, 1:7].clone()
+    labels[0, -2:] = -100
+    ops, losses, grads = {}, {}, {}
+    for compiled, model in models.items():
+        model(input_ids, attention_mask, labels=labels).loss.backward()  # compiles, outside the profile
+        model.zero_grad()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            losses[compiled] = model(input_ids, attention_mask, labels=labels).loss
+            losses[compiled].backward()
+        ops[compiled] = {event.name for event in profile.events()} & COPY_OPS
+        grads[compiled] = {name: param.grad for name, param in model.named_parameters() if param.grad is not None}
+    assert ops[False] >= {"aten::logaddexp", "aten::tril", "aten::_log_softmax"}
+    assert ops[True] == set()
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-6, atol=1e-6)
+    assert grads[True].keys() == grads[False].keys()
+    assert any(name.startswith("copy_mechanism.") for name in grads[True])
+    for name, grad in grads[True].items():
+        torch.testing.assert_close(grad, grads[False][name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("gate", GATES)

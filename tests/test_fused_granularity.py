@@ -1,4 +1,4 @@
-"""The fused GA mask (`GranularityBias`, and compiled: `compiled_granularity_bias`, issue 39) equals the paper's
+"""The fused GA mask (`GranularityBias`, and compiled: `compiled_alone`, issue 39) equals the paper's
 formulas in value and gradient.
 
 The reference is what the model computed before the fusion: `granularity_mask` (eqs. 6-9, the readable spec) through
@@ -17,7 +17,7 @@ from cdnpg.data import load_tokenizer
 from modeling_cdnpg import modeling_cdnpg
 from modeling_cdnpg.modeling_cdnpg import (
     CACHE_NAME,
-    GRANULARITY_BIAS_VARIANTS,
+    COMPILED_VARIANTS,
     MASK_FLOOR,
     AttentionLayout,
     GranularityBias,
@@ -32,7 +32,7 @@ EPSILON = 2.0
 
 @pytest.fixture(autouse=True)
 def fresh_compiled_masks():
-    """Each test compiles the masks it needs anew. The compiled function may compile `GRANULARITY_BIAS_VARIANTS`
+    """Each test compiles the masks it needs anew. The compiled function may compile `COMPILED_VARIANTS`
     variants in a process, and this file's tests need more together (every kind, layout and input form; with what
     earlier test files compiled, torch 2.15 ran past it), beyond which it runs the formula eagerly: a test of the
     compiled path would then check the eager one (a cached step's count of sigmoids found it)."""
@@ -80,7 +80,7 @@ def random_z(batch, length, seed):
 )
 @pytest.mark.parametrize("kind", KINDS)
 def test_fused_bias_equals_the_paper_formula_in_value_and_gradient(kind, compiled, logits):
-    """Both fused paths: `GranularityBias`'s aten ops and `compiled_granularity_bias`'s generated kernels
+    """Both fused paths: `GranularityBias`'s aten ops and `compiled_alone`'s generated kernels
     (config.compile_granularity_masks), each on every layout; given z, or given W_G h with eq. 4's sigmoid run with
     the mask (what a model with compiled masks passes), the gradient then taken with respect to W_G h."""
     for name, layout, queries, keys in layouts():
@@ -146,6 +146,8 @@ def test_mask_below_the_floor_has_no_gradient():
 
 
 @pytest.mark.parametrize("overrides", [{"granularity_mask": "product", "copy_mechanism": "granularity"},
+                                       {"granularity_mask": "resonance", "copy_mechanism": "learned",
+                                        "copy_excluded_token_ids": [3, 40]},
                                        {"granularity_mask": "scope", "cross_attention_granularity": False}])  # fmt: skip
 def test_a_model_with_compiled_masks_trains_and_decodes_as_with_the_default_ones(overrides):
     """config.compile_granularity_masks changes how the masks run, not what the model computes: the same loss and
@@ -246,7 +248,7 @@ def test_compiled_masks_compile_every_variant_a_model_needs_and_leave_the_proces
     model.generate(input_ids=input_ids[:1], num_beams=1, max_new_tokens=4)
     model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=4, use_cache=False)
     compiled_variants = _debug_get_cache_entry_list(modeling_cdnpg.granularity_bias_in_layout.__code__)
-    assert limit < len(compiled_variants) <= GRANULARITY_BIAS_VARIANTS
+    assert limit < len(compiled_variants) <= COMPILED_VARIANTS
     assert torch._dynamo.config.recompile_limit == limit
 
 
@@ -263,16 +265,15 @@ def test_compiled_masks_on_a_torch_without_a_per_function_limit_raise_it_only_du
 
     granularity_bias_in_layout = modeling_cdnpg.granularity_bias_in_layout
     monkeypatch.setattr(torch, "compile", compile_of_older_torch)
-    monkeypatch.setattr(modeling_cdnpg, "granularity_bias_in_layout", spy)
     layout = AttentionLayout.build(torch.ones(1, 4, dtype=torch.bool), torch.arange(4), causal=True)
     z = random_z(1, 4, 0)
     # config.patch, not monkeypatch: monkeypatch's undo left dynamo's config without recompile_limit (seen in CI)
     with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default
-        build = modeling_cdnpg.compiled_granularity_bias.__wrapped__()  # uncached: built with the older signature
+        build = modeling_cdnpg.compiled_alone.__wrapped__(spy)  # uncached: built with the older signature
         bias = build("scope", z, z, None, layout.query_positions, True, EPSILON, layout.blocked, torch.float64)
         assert torch._dynamo.config.recompile_limit == 8
     torch.testing.assert_close(bias, reference_bias("scope", layout, z, z))
-    assert limits_seen == [GRANULARITY_BIAS_VARIANTS]
+    assert limits_seen == [COMPILED_VARIANTS]
 
 
 def test_run_py_builds_every_model_source_with_compiled_masks_when_asked(tmp_path, tokenizer_dir):
