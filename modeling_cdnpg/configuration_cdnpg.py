@@ -89,13 +89,15 @@ class CDNPGConfig(PretrainedConfig):
             the encoder states through the cross-attention's own granularity head, as the released code does. The
             scope mask is never applied in cross-attention. Ignored when `granularity_mask="none"`.
         compile_granularity_masks (`bool`, defaults to `False`):
-            Build the granularity mask of eqs. 6-9 and its gradient with `torch.compile` (the mask alone; the model
+            Build the granularity mask of eqs. 4-9 and its gradient with `torch.compile` (the mask alone; the model
             stays eager): one generated kernel forward and about one backward per attention module instead of about
             10 and 17 aten kernels, which on a GPU, where the paper-size model is launch-bound, sets the step time
-            (docs/speed.md). Each mask kind, dtype and grad mode compiles once, at first use (seconds; on CPU it needs
-            a C++ compiler); lengths do not recompile; up to 64 variants compile for the mask alone (the process's
-            dynamo recompile limit is left as it is). Values and gradients equal the default path's to float
-            rounding. Ignored with `granularity_mask="none"`, `granularity_mask_mode="multiply"` and flex attention.
+            (docs/speed.md). With `copy_mechanism`, the copy's attention and mixture run compiled too (about 90 aten
+            kernels of a training step become about 10). Each mask kind, dtype and grad mode compiles once, at first
+            use (seconds; on CPU it needs a C++ compiler); lengths do not recompile; up to 64 variants compile for
+            each such function (the process's dynamo recompile limit is left as it is). Values and gradients equal
+            the default path's to float rounding. The masks ignore it with `granularity_mask="none"`,
+            `granularity_mask_mode="multiply"` and flex attention.
         lm_head_transform (`bool`, defaults to `False`):
             Put BERT's masked-LM prediction head before the (tied) output projection: a dense d_model -> d_model
             layer, `activation_function`, a LayerNorm, and a vocabulary bias on the logits. The paper's model has

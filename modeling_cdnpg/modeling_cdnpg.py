@@ -286,6 +286,20 @@ def visible_keys(
     return visible_so_far[:, last].float()
 
 
+def blocked_keys(
+    key_padding: torch.Tensor | None, query_positions: torch.Tensor, causal: bool, key_count: int
+) -> torch.Tensor | None:
+    """(b or 1, 1, i or 1, j) bool, True where a query may not see a key: padding (`key_padding`, b, j, True for real
+    tokens; None: none is padding) and, when `causal`, keys after the query's position; None where every key is
+    visible. One rule for `AttentionLayout.blocked` and the compiled masks, which apply it inside their kernel."""
+    blocked = ~key_padding[:, None, None, :] if key_padding is not None else None  # (b, 1, 1, j)
+    if causal:
+        key_positions = torch.arange(key_count, device=query_positions.device)
+        future = (key_positions > query_positions[:, None])[None, None]  # (1, 1, i, j)
+        blocked = future if blocked is None else blocked | future  # (b, 1, i, j)
+    return blocked
+
+
 def key_distance(query_positions: torch.Tensor, key_count: int) -> torch.Tensor:
     """|i - j| (i, j) float of eq. 8, between the queries' positions and those of the keys, 0 .. key_count - 1."""
     return (query_positions[:, None] - torch.arange(key_count, device=query_positions.device)).abs().float()
@@ -342,15 +356,10 @@ class AttentionLayout:
     def blocked(self) -> torch.Tensor | None:
         """(b, 1, i or 1, j) bool, True where a query may not see a key; None where every key is visible."""
         if "blocked" not in self.shared:
-            blocked = ~self.key_padding[:, None, None, :] if self.padded else None  # (b, 1, 1, j)
-            if self.causal:
-                future = (self.key_positions() > self.query_positions[:, None])[None, None]  # (1, 1, i, j)
-                blocked = future if blocked is None else blocked | future  # (b, 1, i, j)
-            self.shared["blocked"] = blocked
+            key_padding = self.key_padding if self.padded else None
+            key_count = self.key_padding.shape[-1]
+            self.shared["blocked"] = blocked_keys(key_padding, self.query_positions, self.causal, key_count)
         return self.shared["blocked"]
-
-    def key_positions(self) -> torch.Tensor:
-        return torch.arange(self.key_padding.shape[-1], device=self.key_padding.device)  # (j,)
 
     @property
     def length(self) -> torch.Tensor | None:
@@ -377,12 +386,18 @@ class AttentionLayout:
     def padding_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
         """The additive mask of plain attention (b, 1, i or 1, j): 0 where a key is visible, the dtype's minimum where
         not; None where every key is. The minimum (not -inf) keeps a fully masked row finite: it attends uniformly
-        instead of producing NaN. Built once per stack and dtype."""
-        if self.blocked is None:
+        instead of producing NaN. Built once per stack and dtype; without causality from the padding itself, not from
+        `blocked`, its negation: a kernel fewer per stack (issue 39)."""
+        if not (self.padded or self.causal):
             return None
         if ("bias", dtype) not in self.shared:
-            bias = torch.zeros(self.blocked.shape, dtype=dtype, device=self.blocked.device)
-            self.shared["bias", dtype] = bias.masked_fill_(self.blocked, torch.finfo(dtype).min)
+            minimum, device = torch.finfo(dtype).min, self.key_padding.device
+            if self.causal:
+                bias = torch.zeros(self.blocked.shape, dtype=dtype, device=device).masked_fill_(self.blocked, minimum)
+            else:
+                visible = self.key_padding[:, None, None, :]
+                bias = torch.full(visible.shape, minimum, dtype=dtype, device=device).masked_fill_(visible, 0.0)
+            self.shared["bias", dtype] = bias
         return self.shared["bias", dtype]
 
     def scope_terms(self, epsilon: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -426,20 +441,22 @@ def granularity_bias_in_layout(
     query_positions: torch.Tensor,
     causal: bool,
     epsilon: float,
-    blocked: torch.Tensor | None,
+    key_padding: torch.Tensor | None,
     dtype: torch.dtype,
     logits: bool = False,
 ) -> torch.Tensor:
-    """`granularity_bias` of z_query (b, i) and z_key (b, j) with |i - j| of eq. 8 (`key_distance`) computed here,
-    and N (b, i) too where it is None, which says that every key is real (`visible_keys`): compiled, they are built
-    inside the mask's kernel instead of by up to eight kernels of their own per stack (N of padded keys, a cumulative
-    sum, is given: computed once per stack, not in every module's kernel). The resonance mask reads neither."""
+    """`granularity_bias` of z_query (b, i) and z_key (b, j) with the blocked keys (`blocked_keys`, from the padding
+    (b, j) or None and causality) and |i - j| of eq. 8 (`key_distance`) computed here, and N (b, i) too where it is
+    None, which says that every key is real (`visible_keys`): compiled, they are built inside the mask's kernel
+    instead of by up to eight kernels of their own per stack (N of padded keys, a cumulative sum, is given: computed
+    once per stack, not in every module's kernel). The resonance mask reads neither N nor |i - j|."""
+    key_count = z_key.shape[-1]
     distance = None
     if kind != "resonance":
-        key_count = z_key.shape[-1]
         length = length if length is not None else visible_keys(None, query_positions, causal, key_count)
         length = length[:, :, None].to(z_query.dtype)
         distance = key_distance(query_positions, key_count).to(z_query.dtype)
+    blocked = blocked_keys(key_padding, query_positions, causal, key_count)
     z_i, z_j = z_query[:, :, None], z_key[:, None, :]
     return granularity_bias(kind, z_i, z_j, length, distance, epsilon, blocked, dtype, logits)
 
@@ -490,7 +507,8 @@ def attention_bias(
         build = compiled_if(granularity_bias_in_layout, compiled)
         length = layout.length if kind != "resonance" and layout.padded else None
         positions = layout.query_positions
-        return build(kind, z_query, z_key, length, positions, layout.causal, epsilon, layout.blocked, dtype, logits)
+        padding = layout.key_padding if layout.padded else None
+        return build(kind, z_query, z_key, length, positions, layout.causal, epsilon, padding, dtype, logits)
     base = offset = None
     if kind != "resonance":
         base, offset = layout.scope_terms(epsilon, z_query.dtype)
@@ -837,7 +855,12 @@ class CDNPGAttention(nn.Module):
             )
         else:
             extra = {}
-            if multiply:  # GA, the literal eq. 9: M (b, i, j) scales the softmax output, the mask is padding only
+            # the literal eq. 9, or the weights themselves, need the reference path
+            attend = eager_attention_forward if multiply or output_attentions else attention_function(self.config)
+            sdpa = attend is not eager_attention_forward and self.config._attn_implementation == "sdpa"
+            if g_query is None and layout.plain_causal and sdpa:  # no mask: SDPA may choose a fused kernel, as BART's
+                attention_mask, extra["is_causal"] = None, True
+            elif multiply:  # GA, the literal eq. 9: M (b, i, j) scales the softmax output, the mask is padding only
                 length = layout.length[:, :, None] if layout.length is not None else None
                 extra["multiplier"] = granularity_mask(
                     self.mask_kind,
@@ -859,11 +882,6 @@ class CDNPGAttention(nn.Module):
                     compiled=self.config.compile_granularity_masks,
                     logits=self.config.compile_granularity_masks,
                 )
-            # the literal eq. 9, or the weights themselves, need the reference path
-            attend = eager_attention_forward if multiply or output_attentions else attention_function(self.config)
-            sdpa = attend is not eager_attention_forward and self.config._attn_implementation == "sdpa"
-            if g_query is None and layout.plain_causal and sdpa:  # no mask: SDPA may choose a fused kernel, as BART's
-                attention_mask, extra["is_causal"] = None, True
             pad = sdpa and self.head_dim % HEAD_DIM_ALIGNMENT and query_states.device.type in PADDED_HEAD_DEVICES
             if pad:
                 query_states, key_states, value_states = padded_heads(query_states, key_states, value_states)

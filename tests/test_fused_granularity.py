@@ -270,7 +270,7 @@ def test_compiled_masks_on_a_torch_without_a_per_function_limit_raise_it_only_du
     # config.patch, not monkeypatch: monkeypatch's undo left dynamo's config without recompile_limit (seen in CI)
     with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default
         build = modeling_cdnpg.compiled_alone.__wrapped__(spy)  # uncached: built with the older signature
-        bias = build("scope", z, z, None, layout.query_positions, True, EPSILON, layout.blocked, torch.float64)
+        bias = build("scope", z, z, None, layout.query_positions, True, EPSILON, None, torch.float64)
         assert torch._dynamo.config.recompile_limit == 8
     torch.testing.assert_close(bias, reference_bias("scope", layout, z, z))
     assert limits_seen == [COMPILED_VARIANTS]

@@ -1,5 +1,7 @@
 """The model as a transformers model: equivalences (cache, SDPA/eager, padding, save/load), robustness, the contract."""
 
+from collections import Counter
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
@@ -158,6 +160,34 @@ def test_none_without_masks_lets_sdpa_choose_its_kernel_and_equals_the_masked_pa
         eager = model(input_ids, decoder_input_ids=decoder_input_ids).logits
     torch.testing.assert_close(unmasked, masked, atol=1e-6, rtol=0)
     torch.testing.assert_close(unmasked, eager, atol=1e-6, rtol=0)
+
+
+def test_none_builds_its_padding_biases_from_the_padding_alone_and_none_that_sdpa_does_not_take():
+    """`none` at BART's kernel count (issue 39): with a padded source and no decoder mask, the encoder and the
+    cross-attention build one padding bias each from the padding itself (a fill and a masked fill, no negation of
+    it), and the decoder's first pass, which SDPA takes as `is_causal`, builds none (it built one and dropped it)."""
+    model = tiny_model(granularity_mask="none")
+    input_ids, attention_mask = batch()
+    with torch.no_grad(), torch.profiler.profile() as profile:
+        model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :5])
+    ops = Counter(event.name for event in profile.events())
+    assert (ops["aten::full"], ops["aten::masked_fill_"]) == (2, 2)
+    assert ops["aten::bitwise_not"] == ops["aten::gt"] == ops["aten::zeros"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_padding_bias_is_zero_where_a_key_is_visible_and_the_dtypes_minimum_where_it_is_blocked(causal, dtype):
+    key_padding = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    layout = AttentionLayout.build(key_padding, torch.arange(4), causal=causal)
+    visible = key_padding[:, None, None, :] & (
+        torch.arange(4)[None, :] <= torch.arange(4)[:, None] if causal else True
+    )
+    expected = torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype).expand(2, 1, 4 if causal else 1, 4)
+    bias = layout.padding_bias(dtype)
+    assert bias.dtype == dtype
+    assert torch.equal(bias, expected)
+    assert AttentionLayout.build(key_padding, torch.arange(4), causal=False, padded=False).padding_bias(dtype) is None
 
 
 def test_cross_attention_granularity_is_switchable():

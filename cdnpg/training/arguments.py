@@ -134,9 +134,9 @@ class ModelArguments:
     compile_granularity_masks: bool | None = field(
         default=None,
         metadata={
-            "help": "Build the granularity masks with torch.compile (the masks alone, the model stays eager): about "
-            "one kernel each way per attention module instead of ~27, for GPUs, where the launches set the step "
-            "time (docs/speed.md); for any model source, saved in its config. None: the config's (default False)."
+            "help": "Build the granularity masks (and the copy's mixture) with torch.compile, the model staying "
+            "eager: about one kernel each way per attention module instead of ~27, for GPUs, where the launches set "
+            "the step time (docs/speed.md); for any model source, saved in its config. None: the config's (False)."
         },
     )
     copy_common_tokens: int | None = field(
