@@ -1462,7 +1462,7 @@ def copy_distribution(
     excluded: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj as log-probabilities (b, i, V) in at least float32,
-    from the vocabulary logits (b, i, V), α (`copy_attention`) and the gate (`copy_gate`; with `excluded`, ρ_t = 0
+    given the vocabulary logits (b, i, V), α (`copy_attention`) and the gate (`copy_gate`; with `excluded`, ρ_t = 0
     where nothing is copyable), and the summed negative log-likelihood of the labels (b, i; -100 left out) or None.
     The loss is read at the labels alone, so that its backward pass is cross-entropy's: nothing flows back through
     the (b, i, V) mixture unless the caller uses it."""
