@@ -499,7 +499,7 @@ def attention_bias(
     logits: bool = False,
 ) -> torch.Tensor | None:
     """Additive float mask (b, 1, i, j): log(max(M, 1e-32)) of the granularity mask `kind` (eqs. 6-9) where a key is
-    visible, the dtype's minimum where not (`GranularityBias`, or with `compiled` this formula compiled, `compiled_alone`); the
+    visible, the dtype's minimum where not (`GranularityBias`, or with `compiled` the formula compiled alone); the
     padding bias alone for `kind="none"`. With `logits`, z_query and z_key are eq. 4's W_G h, before the sigmoid."""
     if kind == "none":
         return layout.padding_bias(dtype)
@@ -1508,7 +1508,7 @@ class CopyMechanism(nn.Module):
         super().__init__()
         self.excluded_token_ids = tuple(config.copy_excluded_token_ids or ())
         self.excluded_ids_on = {}  # device -> excluded_token_ids as a tensor, built once (not per forward)
-        self.compiled = config.compile_granularity_masks
+        self.config = config  # read at each call: run.py sets compile_granularity_masks after construction
         self.scaling = config.d_model**-0.5
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
@@ -1536,14 +1536,15 @@ class CopyMechanism(nn.Module):
                 excluded = self.excluded_ids_on[source_ids.device] = source_ids.new_tensor(self.excluded_token_ids)
             copyable = copyable & ~torch.isin(source_ids, excluded)
         scores = self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)
-        alpha = compiled_if(copy_attention, self.compiled)(scores, self.scaling, copyable, z_source, self.compiled)
+        compiled = self.config.compile_granularity_masks
+        alpha = compiled_if(copy_attention, compiled)(scores, self.scaling, copyable, z_source, compiled)
         if self.gate_proj is not None:
             context = alpha.to(encoder_states.dtype) @ encoder_states  # (b, i, d)
             gate = self.gate_proj(torch.cat([hidden_states, context], dim=-1)).squeeze(-1)  # (b, i)
         else:  # GA: ρ_t = z_t
             gate = z_target
         learned, excluded = self.gate_proj is not None, bool(self.excluded_token_ids)
-        mixture = compiled_if(copy_distribution, self.compiled)
+        mixture = compiled_if(copy_distribution, compiled)
         return mixture(logits, alpha, gate, source_ids, copyable, labels, learned, excluded)
 
 

@@ -217,6 +217,22 @@ def test_with_compiled_masks_the_copy_formulas_run_in_generated_kernels_with_the
         torch.testing.assert_close(grad, grads[False][name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_compiled_masks_switched_on_after_construction_as_run_py_does_give_the_same_granularity_copy_loss():
+    """run.py sets compile_granularity_masks on a built model's config: the copy reads it at each call, so the z of
+    the source it is then given (W_G h, as the heads return it) is read as such, and the loss is the default's."""
+    model = tiny_model(granularity_mask="resonance", copy_mechanism="granularity", dropout=0.0, attention_dropout=0.0)
+    input_ids, attention_mask = batch()
+    labels = input_ids[:, 1:7]
+    with torch.no_grad():
+        expected = model(input_ids, attention_mask, labels=labels).loss
+        model.config.compile_granularity_masks = True
+        model(input_ids, attention_mask, labels=labels)  # compiles, outside the profile
+        with torch.profiler.profile() as profile:
+            got = model(input_ids, attention_mask, labels=labels).loss
+    assert "aten::logaddexp" not in {event.name for event in profile.events()}
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("gate", GATES)
 def test_the_loss_of_a_copy_model_is_the_cross_entropy_of_its_log_probabilities(gate):
     """The loss of a copy model skips cross-entropy's log_softmax (its logits are log-probabilities already): the
