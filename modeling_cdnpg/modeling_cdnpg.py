@@ -336,10 +336,13 @@ class AttentionLayout:
         materialize: bool = True,
         padded: bool = True,
         plain_causal: bool = False,
+        shared: dict | None = None,
     ) -> "AttentionLayout":
-        """`padded=False`: the caller passed no padding mask (key_padding is all True), so only causality blocks."""
+        """`padded=False`: the caller passed no padding mask (key_padding is all True), so only causality blocks.
+        `shared`: what this layout builds is kept there (see `cross`)."""
         plain_causal = causal and plain_causal and not padded
-        return cls(key_padding, query_positions, causal, padded=padded, dense=materialize, plain_causal=plain_causal)
+        flags = {"padded": padded, "dense": materialize, "plain_causal": plain_causal}
+        return cls(key_padding, query_positions, causal, **flags, shared={} if shared is None else shared)
 
     @classmethod
     def cross(
@@ -348,9 +351,14 @@ class AttentionLayout:
         query_positions: torch.Tensor,
         materialize: bool = True,
         padded: bool = True,
+        shared: dict | None = None,
     ) -> "AttentionLayout":
-        """Decoder queries over encoder keys: every real encoder token is visible; no scope, so no N or distance."""
-        return cls(encoder_padding, query_positions, causal=False, scoped=False, padded=padded, dense=materialize)
+        """Decoder queries over encoder keys: every real encoder token is visible; no scope, so no N or distance.
+        `shared`: the `shared` of the encoder's layout over the same padding, whose blocked keys and padding bias
+        are then this layout's too (neither depends on the queries without causality; N, distances and scope terms,
+        which do, a cross-attention never reads): built once per forward instead of once per stack."""
+        flags = {"scoped": False, "padded": padded, "dense": materialize}
+        return cls(encoder_padding, query_positions, causal=False, **flags, shared={} if shared is None else shared)
 
     @property
     def blocked(self) -> torch.Tensor | None:
@@ -1166,6 +1174,7 @@ class CDNPGEncoder(CDNPGStack):
         token_type_ids: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        source_memo: dict | None = None,
     ) -> CDNPGEncoderOutput:
         r"""
         token_type_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): accepted because
@@ -1173,6 +1182,9 @@ class CDNPGEncoder(CDNPGStack):
             input, no sentence pairs).
         output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer.
         output_attentions, output_hidden_states (`bool`, *optional*): default: the config's.
+        source_memo (`dict`, *optional*): where what the source's padding alone decides (the padding bias, the
+            blocked keys) is kept for the decoder's cross-attention, given the same dict and `attention_mask`:
+            `CDNPGModel` builds them once per forward this way (`AttentionLayout.cross`).
 
         No **kwargs: `generate()` hands an encoder that takes them every model kwarg (the Seq2SeqTrainer's `labels`
         too), and one that does not only those it names.
@@ -1190,7 +1202,7 @@ class CDNPGEncoder(CDNPGStack):
         # N of eq. 8 is each sentence's own number of real tokens: batch composition never changes an output
         materialize = not masks_in_kernel(self.config, output_attentions)
         layout = AttentionLayout.build(
-            attention_mask.bool(), positions, causal=False, materialize=materialize, padded=padded
+            attention_mask.bool(), positions, causal=False, materialize=materialize, padded=padded, shared=source_memo
         )
 
         hidden_states, all_hidden, (attentions, z) = self.run_layers(
@@ -1225,6 +1237,7 @@ class CDNPGDecoder(CDNPGStack):
         output_granularities: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        source_memo: dict | None = None,
     ) -> CDNPGDecoderOutput:
         r"""
         attention_mask (`torch.Tensor` of shape `(batch_size, target_length)`, *optional*): 1 for real decoder
@@ -1233,6 +1246,8 @@ class CDNPGDecoder(CDNPGStack):
             transformers 5.24); an empty transformers cache (dynamic or static) is wrapped into a `GranularityCache`,
             which the output returns.
         output_attentions, output_hidden_states (`bool`, *optional*): default: the config's.
+        source_memo (`dict`, *optional*): the encoder's, given with the `attention_mask` it was given as
+            `encoder_attention_mask` (see `CDNPGEncoder.forward`).
         """
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if self.gradient_checkpointing and self.training:
@@ -1284,7 +1299,7 @@ class CDNPGDecoder(CDNPGStack):
             plain_causal=capacity is None and past_length == 0,  # queries from position 0 over themselves alone
         )
         cross_layout = AttentionLayout.cross(
-            encoder_attention_mask.bool(), query_positions, materialize=materialize, padded=encoder_padded
+            encoder_attention_mask.bool(), query_positions, materialize, encoder_padded, shared=source_memo
         )
 
         hidden_states, all_hidden, (self_attentions, cross_attentions, self_z, cross_z) = self.run_layers(
@@ -1364,6 +1379,11 @@ class CDNPGModel(CDNPGPreTrainedModel):
         refuse_unused(kwargs, "CDNPGModel.forward")
         flags = {name: kwargs.get(name) for name in ("output_attentions", "output_hidden_states")}
         if encoder_outputs is None:
+            # the encoder's self-attention and the decoder's cross-attention have the same keys: the source's
+            # padding is converted once, and what it alone decides is built once for both stacks
+            if attention_mask is not None:
+                attention_mask = attention_mask.bool()
+            flags["source_memo"] = {}
             encoder_outputs = self.encoder(
                 input_ids,
                 attention_mask,

@@ -162,17 +162,51 @@ def test_none_without_masks_lets_sdpa_choose_its_kernel_and_equals_the_masked_pa
     torch.testing.assert_close(unmasked, eager, atol=1e-6, rtol=0)
 
 
-def test_none_builds_its_padding_biases_from_the_padding_alone_and_none_that_sdpa_does_not_take():
-    """`none` at BART's kernel count (issue 39): with a padded source and no decoder mask, the encoder and the
-    cross-attention build one padding bias each from the padding itself (a fill and a masked fill, no negation of
-    it), and the decoder's first pass, which SDPA takes as `is_causal`, builds none (it built one and dropped it)."""
+def test_none_builds_one_padding_bias_per_forward_from_the_padding_alone_and_none_that_sdpa_does_not_take():
+    """`none` at BART's kernel count (issue 39): with a padded source and no decoder mask, the encoder's
+    self-attention and the cross-attention share one padding bias, built from the padding itself (a fill and a masked
+    fill, no negation of it), and the decoder's first pass, which SDPA takes as `is_causal`, builds none (it built one
+    and dropped it). Given encoder outputs, the decoder builds its own."""
     model = tiny_model(granularity_mask="none")
     input_ids, attention_mask = batch()
+    decoder_input_ids = input_ids[:, :5]
     with torch.no_grad(), torch.profiler.profile() as profile:
-        model(input_ids, attention_mask, decoder_input_ids=input_ids[:, :5])
+        model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids)
     ops = Counter(event.name for event in profile.events())
-    assert (ops["aten::full"], ops["aten::masked_fill_"]) == (2, 2)
+    assert (ops["aten::full"], ops["aten::masked_fill_"]) == (1, 1)
     assert ops["aten::bitwise_not"] == ops["aten::gt"] == ops["aten::zeros"] == 0
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids, attention_mask)
+        with torch.profiler.profile() as profile:
+            model(attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, encoder_outputs=encoder_outputs)
+    ops = Counter(event.name for event in profile.events())
+    assert (ops["aten::full"], ops["aten::masked_fill_"]) == (1, 1)
+
+
+@pytest.mark.parametrize("kind", MASKS)
+def test_the_cross_attention_sharing_the_encoders_padding_masks_gives_what_it_gives_building_its_own(kind):
+    """One forward builds the source's padding bias and blocked keys once for both stacks; given encoder outputs,
+    the decoder builds them itself. Same logits and gradients, with a padded source."""
+    torch.manual_seed(0)
+    model = tiny_model(granularity_mask=kind)
+    input_ids, attention_mask = batch()
+    labels = input_ids[:, 1:]
+
+    def run(shared: bool):
+        model.zero_grad()
+        if shared:
+            out = model(input_ids, attention_mask, labels=labels)
+        else:
+            encoder_outputs = model.get_encoder()(input_ids, attention_mask)
+            out = model(attention_mask=attention_mask, encoder_outputs=encoder_outputs, labels=labels)
+        out.loss.backward()
+        return out.logits, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    (shared_logits, shared_grads), (own_logits, own_grads) = run(True), run(False)
+    torch.testing.assert_close(shared_logits, own_logits, rtol=0, atol=0)
+    assert len(shared_grads) == len(own_grads)
+    for shared_grad, own_grad in zip(shared_grads, own_grads):
+        torch.testing.assert_close(shared_grad, own_grad)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
