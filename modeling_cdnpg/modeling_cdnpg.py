@@ -40,7 +40,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -325,7 +325,11 @@ class AttentionLayout:
     padded: bool = True
     dense: bool = True
     plain_causal: bool = False
-    shared: dict = field(default_factory=dict)  # what the properties below build on first use, once per stack
+    shared: dict | None = None  # what the properties below build on first use, once per stack (a new dict if None)
+
+    def __post_init__(self) -> None:
+        if self.shared is None:
+            self.shared = {}
 
     @classmethod
     def build(
@@ -342,7 +346,7 @@ class AttentionLayout:
         `shared`: what this layout builds is kept there (see `cross`)."""
         plain_causal = causal and plain_causal and not padded
         flags = {"padded": padded, "dense": materialize, "plain_causal": plain_causal}
-        return cls(key_padding, query_positions, causal, **flags, shared={} if shared is None else shared)
+        return cls(key_padding, query_positions, causal, **flags, shared=shared)
 
     @classmethod
     def cross(
@@ -358,7 +362,7 @@ class AttentionLayout:
         are then this layout's too (neither depends on the queries without causality; N, distances and scope terms,
         which do, a cross-attention never reads): built once per forward instead of once per stack."""
         flags = {"scoped": False, "padded": padded, "dense": materialize}
-        return cls(encoder_padding, query_positions, causal=False, **flags, shared={} if shared is None else shared)
+        return cls(encoder_padding, query_positions, causal=False, **flags, shared=shared)
 
     @property
     def blocked(self) -> torch.Tensor | None:
