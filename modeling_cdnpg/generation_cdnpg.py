@@ -41,8 +41,10 @@ one after another give the n candidates (ceil(num_beams / n) beams each), each p
 the candidates already chosen (detail tokens of the source exempt; `DIVERSITY_PENALTY` nats): diverse beam search
 (Vijayakumar et al., 2018) with groups decoded in turn rather than in lockstep, so that it runs on the standard beam
 search of transformers 4.57 and 5.x alike. From every group the best beam that is new (not empty, not chosen before,
-not the source) is kept; the source with words appended is a candidate only when there is no other. Each candidate y
-of source x is scored
+not the source) is kept; the source with words appended is a candidate only when there is no other. With
+`num_candidates=K` above n, the other new beams of those searches make up the K (more searches run while they hold
+fewer than K beams): the candidates of one paraphrase are the beams of its own search, the call's answer among them.
+Each candidate y of source x is scored
 
     score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept
 
@@ -863,17 +865,20 @@ class CandidateSelection:
         return self.chosen
 
 
-def decode_groups(search: Search, source: SourceWeights, rules: LogitsProcessorList) -> list[list[torch.Tensor]]:
-    """Up to `wanted` candidates per input from `wanted` beam searches run one after another, each with
-    ceil(num_beams / wanted) beams (all of them for one candidate), under `rules` but with the source n-gram penalty
-    replaced by one that also covers the candidates chosen before; the best new beam of each search is chosen
-    (`CandidateSelection`). Each group is a search of its own, so `wanted` may exceed num_beams."""
+def decode_groups(
+    search: Search, source: SourceWeights, rules: LogitsProcessorList, groups: int
+) -> list[list[torch.Tensor]]:
+    """Up to `wanted` candidates per input from `groups` beam searches run one after another, each with
+    ceil(num_beams / groups) beams (all of them in one group: the search a call for one paraphrase runs), and more
+    such searches while they hold fewer beams than `wanted`. Each runs under `rules` with the source n-gram penalty
+    replaced by one that also covers the candidates chosen before; the best new beam of each search is chosen, and
+    the other new beams make up the rest (`CandidateSelection`)."""
     settings = copy.deepcopy(search.config)
-    settings.num_beams = max(1, math.ceil((search.config.num_beams or 1) / search.wanted))
+    settings.num_beams = max(1, math.ceil((search.config.num_beams or 1) / groups))
     settings.num_return_sequences = settings.num_beams  # every beam: the later ones stand in for a repeated one
     others = [rule for rule in rules if not isinstance(rule, SourceNgramPenaltyLogitsProcessor)]
     selection = CandidateSelection(search, source)
-    for _ in range(search.wanted):
+    for _ in range(max(groups, math.ceil(search.wanted / settings.num_beams))):
         penalty = SourceNgramPenaltyLogitsProcessor(*selection.penalised_ngrams())
         selection.offer(search.run(source, settings, [penalty, *others]), settings.num_beams)
     return selection.fill()
@@ -895,6 +900,24 @@ def _wanted(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"num_return_sequences must be a positive integer (candidates per input), got {value!r}")
     return value
+
+
+def _num_beam_groups(given, wanted: int, candidates: int, novelty: float) -> int:
+    """How many beam searches the candidates come from (`paraphrase`'s num_beam_groups): `given`, at most
+    `candidates`, else one per paraphrase returned (`wanted`)."""
+    if given is None:
+        return wanted
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+        raise ValueError(f"num_beam_groups must be a positive integer (beam searches per input), got {given!r}")
+    if not novelty and given != 1:
+        raise ValueError(
+            f"num_beam_groups={given} needs novelty above 0: at novelty 0 the candidates are the beams of one search"
+        )
+    if given > candidates:
+        raise ValueError(
+            f"num_beam_groups={given} must be at most num_candidates={candidates}: each group adds a candidate"
+        )
+    return given
 
 
 def _num_candidates(given, default, wanted: int) -> int:
@@ -954,6 +977,7 @@ def paraphrase(
     logits_processor: LogitsProcessorList | None = None,
     num_candidates: int | None = None,
     similarity: SentenceSimilarity | None = None,
+    num_beam_groups: int | None = None,
     **generate_kwargs,
 ) -> CDNPGParaphraseOutput:
     """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules: per input
@@ -972,7 +996,10 @@ def paraphrase(
     num_candidates: how many candidates to generate and rank per input, of which the best `num_return_sequences` are
     returned (at least num_return_sequences; None: the generation config's `num_candidates`, raised to
     num_return_sequences, else num_return_sequences). similarity: the sentence embedder (`SentenceSimilarity`) that a
-    ranking which weighs "similarity" needs, and that no other ranking takes.
+    ranking which weighs "similarity" needs, and that no other ranking takes. num_beam_groups: with novelty above 0,
+    how many beam searches the candidates come from, each penalised on the candidates of those before (diverse beam
+    search's groups, at most num_candidates; None: num_return_sequences, so that the candidates of one paraphrase
+    are the beams of the search that finds it). At novelty 0 the candidates are the beams of one search.
 
     Other keyword arguments are generate()'s (num_beams, max_new_tokens, a logits_processor, ...), and
     `novelty_z_layer` / `novelty_z_inverted` override the calibrated z (`None` layer: a uniform weight).
@@ -1005,6 +1032,7 @@ def paraphrase(
     )
     wanted = _wanted(num_return_sequences if num_return_sequences is not None else config.num_return_sequences or 1)
     candidates = _num_candidates(num_candidates, getattr(config, "num_candidates", None), wanted)
+    groups = _num_beam_groups(num_beam_groups, wanted, candidates, novelty)
     given_z = {name: generate_kwargs.pop(name) for name in Z_SETTINGS if name in generate_kwargs}
     model_kwargs = config.update(**generate_kwargs)
     requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
@@ -1027,7 +1055,7 @@ def paraphrase(
         sequences = search.run(source, config, rules)
         filled = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
     else:
-        chosen = decode_groups(search, source, rules)
+        chosen = decode_groups(search, source, rules, groups)
         sequences, filled = stack_candidates(chosen, candidates, config.pad_token_id or 0, source.input_ids.device)
     score, likelihood, overlap, kept = score_candidates(model, source, sequences, novelty, keep_details)
     parts = {"score": score}

@@ -22,7 +22,7 @@ SCORE_KEYS = ("score", "log_likelihood", "source_overlap", "details_kept")
 REVERSE_KEY = "reverse_log_likelihood"  # with a rank_by that weighs "reverse_likelihood"
 SIMILARITY_KEY = "similarity"  # with a rank_by that weighs "similarity"
 PARAPHRASE_KEYS = ("novelty", "keep_details", "allow_copy", "rank_by", "num_candidates", "similarity",
-                   "novelty_z_layer", "novelty_z_inverted")  # fmt: skip
+                   "num_beam_groups", "novelty_z_layer", "novelty_z_inverted")  # fmt: skip
 # a generation config that sets one of these paraphrases through paraphrase()
 CONFIGURED_KEYS = ("novelty", "keep_details", "rank_by", "num_candidates")
 SHOWN_CHARACTERS = 40  # of an input named in a warning

@@ -25,6 +25,7 @@ from modeling_cdnpg.generation_cdnpg import (
     MAX_PENALTY,
     SentenceSimilarity,
     calibrate_granularity,
+    granularity_processors,
     mean_pooling,
     paraphrase,
 )
@@ -232,9 +233,10 @@ def test_rewording_ranks_by_the_share_of_the_source_template_a_candidate_does_no
 
 @pytest.mark.parametrize("novelty", [NOVELTY, 0.0])
 def test_num_candidates_returns_the_best_of_k_by_the_ranking(loaded, similarity, novelty):
-    """num_return_sequences=1 of num_candidates=4: the first of the same 4 candidates ranked (num_return_sequences=4),
-    which at novelty 0 are the model's 4 beams; for some input not the one candidate decoded without num_candidates.
-    (The tiny random embedder's cosines differ by hundredths: a large weight lets them reorder.)"""
+    """num_return_sequences=1 of num_candidates=4: the first of the same 4 candidates ranked (num_return_sequences=4
+    from one beam search, num_beam_groups=1), which at novelty 0 are the model's 4 beams; for some input not the one
+    candidate decoded without num_candidates. (The tiny random embedder's cosines differ by hundredths: a large weight
+    lets them reorder.)"""
     model, tokenizer = loaded
     inputs, k = batch(tokenizer), 4
     settings = {
@@ -243,7 +245,7 @@ def test_num_candidates_returns_the_best_of_k_by_the_ranking(loaded, similarity,
         "rank_by": {"score": 1.0, "similarity": 10.0},
         "similarity": similarity,
     }
-    every = paraphrase(model, tokenizer, inputs, num_return_sequences=k, **settings)
+    every = paraphrase(model, tokenizer, inputs, num_return_sequences=k, num_beam_groups=1, **settings)
     best = paraphrase(model, tokenizer, inputs, num_return_sequences=1, num_candidates=k, **settings)
     alone = paraphrase(model, tokenizer, inputs, num_return_sequences=1, **settings)  # one candidate: nothing to rank
     assert best.sequences.shape[0] == 2 and best.similarities.shape == (2,)
@@ -255,12 +257,47 @@ def test_num_candidates_returns_the_best_of_k_by_the_ranking(loaded, similarity,
         assert top == 0, "paraphrase(num_return_sequences=k) puts the best first"
         assert torch.equal(best.sequences[i], every.sequences[rows][top])
         assert best.sequences_scores[i].item() == pytest.approx(ranking[top].item(), abs=1e-5)
-        if not novelty:  # the model's best beam is one of its 4 beams: the best of them ranks at least as high
-            assert best.sequences_scores[i] >= alone.sequences_scores[i] - 1e-5
+        # the one paraphrase decoded alone is one of the 4 beams of its own search: the best of them ranks as high
+        assert best.sequences_scores[i] >= alone.sequences_scores[i] - 1e-5
         picked += tokenizer.decode(best.sequences[i], skip_special_tokens=True) != tokenizer.decode(
             alone.sequences[i], skip_special_tokens=True
         )
     assert picked, "the ranking picked another candidate than the one decoded alone, for some input"
+
+
+def test_the_candidates_of_one_paraphrase_are_the_beams_of_its_own_search_and_groups_make_them_diverse(loaded):
+    """With novelty, num_candidates=K for one paraphrase ranks the new beams of the one search that the call without
+    num_candidates runs (its answer among them, first by the beam order), not K one-beam searches; num_beam_groups=K
+    gives the K diverse one-beam searches, as num_return_sequences=K does."""
+    model, tokenizer = loaded
+    inputs, k = batch(tokenizer), 4
+    alone = paraphrase(model, tokenizer, inputs, **SETTINGS)
+    pooled = paraphrase(model, tokenizer, inputs, num_return_sequences=k, num_beam_groups=1, **SETTINGS)
+    diverse = paraphrase(model, tokenizer, inputs, num_return_sequences=k, num_beam_groups=k, **SETTINGS)
+    default = paraphrase(model, tokenizer, inputs, num_return_sequences=k, **SETTINGS)
+    torch.testing.assert_close(diverse.sequences_scores, default.sequences_scores, rtol=0, atol=0)
+    assert torch.equal(diverse.sequences, default.sequences), "num_beam_groups defaults to num_return_sequences"
+
+    def texts(out, i, n):  # input i's candidates (rows scored -inf hold none)
+        rows = rows_of(out, i, n)
+        found = out.sequences[rows][out.sequences_scores[rows] > -math.inf]
+        return tokenizer.batch_decode(found, skip_special_tokens=True)
+
+    config = copy.deepcopy(model.generation_config)
+    config.update(num_beams=SETTINGS["num_beams"], num_return_sequences=SETTINGS["num_beams"],
+                  max_new_tokens=SETTINGS["max_new_tokens"])  # fmt: skip
+    rules = granularity_processors(model, tokenizer, inputs, novelty=NOVELTY)
+    beams = model.generate(**inputs, generation_config=config, logits_processor=rules)
+    differ = 0
+    for i in range(2):
+        answer = tokenizer.decode(alone.sequences[i], skip_special_tokens=True)
+        source = tokenizer.decode(inputs["input_ids"][i], skip_special_tokens=True)
+        own = [tokenizer.decode(ids, skip_special_tokens=True) for ids in beams[rows_of(beams, i, k)]]
+        new = list(dict.fromkeys(text for text in own if text and text != source))
+        assert sorted(texts(pooled, i, k)) == sorted(new), "the candidates are the new beams of the one search"
+        assert answer == new[0], "the call for one paraphrase answers with that search's best new beam"
+        differ += set(texts(diverse, i, k)) != set(new)
+    assert differ, "one-beam diverse searches find other candidates than one search's beams, for some input"
 
 
 BAD_INPUTS = [
@@ -284,6 +321,9 @@ BAD_INPUTS = [
     ({"num_candidates": 2, "num_return_sequences": 3}, r"num_candidates=2 must be at least num_return_sequences=3"),
     ({"num_candidates": 0}, r"num_candidates must be a positive integer \(candidates generated per input\), got 0"),
     ({"num_candidates": 2.0}, r"num_candidates must be a positive integer"),
+    ({"num_beam_groups": 0}, r"num_beam_groups must be a positive integer \(beam searches per input\), got 0"),
+    ({"num_beam_groups": 3, "num_candidates": 2}, r"num_beam_groups=3 must be at most num_candidates=2"),
+    ({"num_beam_groups": 2, "num_candidates": 2, "novelty": 0.0}, r"num_beam_groups=2 needs novelty above 0"),
 ]  # fmt: skip
 
 
@@ -293,7 +333,7 @@ def test_a_bad_ranking_input_is_refused_naming_the_problem(loaded, similarity, s
     if settings.get("similarity") == "embedder":
         settings = {**settings, "similarity": similarity}
     with pytest.raises(ValueError, match=message):
-        paraphrase(model, tokenizer, batch(tokenizer), **SETTINGS, **settings)
+        paraphrase(model, tokenizer, batch(tokenizer), **{**SETTINGS, **settings})
 
 
 def test_a_similarity_ranking_needs_the_tokenizer(loaded, similarity):
@@ -331,8 +371,8 @@ def test_the_generation_configs_rank_by_and_num_candidates_are_the_defaults(rank
                        rank_by={"score": 1.0, "similarity": 4.0}, **settings)  # fmt: skip
     assert torch.equal(by_default.sequences, given.sequences)
     assert torch.equal(by_default.similarities, given.similarities)
-    every = paraphrase(model, tokenizer, inputs, num_return_sequences=4, rank_by={"score": 1.0, "similarity": 4.0},
-                       **settings)  # fmt: skip
+    every = paraphrase(model, tokenizer, inputs, num_return_sequences=4, num_beam_groups=1,
+                       rank_by={"score": 1.0, "similarity": 4.0}, **settings)  # fmt: skip
     assert torch.equal(by_default.sequences, every.sequences[::4]), "the best of the generation config's 4"
     # the default number of candidates is raised to num_return_sequences; an argument replaces the default
     assert paraphrase(model, tokenizer, inputs, num_return_sequences=5, **settings).sequences.shape[0] == 10
