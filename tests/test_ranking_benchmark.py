@@ -41,6 +41,32 @@ def test_the_report_half_refuses_to_run_without_the_tune_halfs_weights(checkpoin
         ranking.parse_args([str(checkpoint), "--split", "report"])
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--groups", "9"], "--groups must be at most --candidates (8), got 9"),
+        (["--groups", "0"], "--groups must be positive, got 0"),
+        (["--split", "all"], "--split all needs --weights from a --split tune run"),
+    ],
+)
+def test_more_groups_than_candidates_or_a_set_to_report_without_weights_is_a_usage_error(
+    flags, message, checkpoint, capsys
+):  # noqa: F811
+    with pytest.raises(SystemExit) as exited:
+        ranking.parse_args([str(checkpoint), *flags])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_split_all_reads_every_pair_and_the_halves_split_them_in_two(tmp_path):
+    from common import read_pairs
+
+    files = write_template_corpus(tmp_path / "data", num_train=4, num_valid=10, num_test=2, seed=0)
+    every, tune, report = (list(read_pairs(files["valid"], half=half)["source"]) for half in ("all", "tune", "report"))
+    assert len(every) == 10 and every == tune + report and len(tune) == 5
+    assert list(read_pairs(files["valid"], 3, half="all")["source"]) == every[:3]
+
+
 @pytest.mark.parametrize("name", ["ranking", "novelty"])
 @pytest.mark.parametrize("option", ["--max_pairs", "--threads"])
 def test_a_count_below_one_is_a_usage_error_naming_the_option(name, option, checkpoint, capsys):  # noqa: F811
@@ -65,6 +91,7 @@ def test_tune_chooses_weights_that_report_reads_and_the_oracle_bounds_every_rank
     for rows in (tuned, reported):
         oracle = rows.pop("oracle (best against the reference)")["ibleu"]
         rows.pop("the default call (one paraphrase)")  # not one of the candidates: the oracle does not bound it
+        assert rows.pop("the source itself (a copy)")["copy_rate"] == 100
         assert all(row["ibleu"] <= oracle + 1e-9 for row in rows.values()), rows
     names = {json.loads(line)["setting"] for line in (tmp_path / "out" / "runs-report.jsonl").read_text().splitlines()}
     assert {f"{family} {json.dumps(chosen)}" for family, chosen in weights.items()} <= names
