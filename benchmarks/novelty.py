@@ -32,6 +32,7 @@ from cdnpg.granularity import high_z_words
 from cdnpg.training.paraphrase_metrics import candidate_scores, common_words, retention
 from modeling_cdnpg import CDNPGText2TextPipeline
 from modeling_cdnpg.generation_cdnpg import calibrate_granularity
+from modeling_cdnpg.pipeline_cdnpg import CONFIGURED_KEYS
 
 NOVELTIES = (0.25, 0.5, 0.75, 1.0)
 KEEPS = (0.25, 0.5, 1.0)  # keep_details on top of novelty 0.5
@@ -113,6 +114,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     transformers.utils.logging.set_verbosity_error()
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(args.checkpoint).eval()
     tokenizer = load_tokenizer(args.checkpoint)
+    # the checkpoint's default paraphrasing (the recipe's novelty) left out: each setting decodes as it is named, and
+    # "beam search" is the model's own
+    shipped = {key: getattr(model.generation_config, key) for key in CONFIGURED_KEYS
+               if getattr(model.generation_config, key, None) is not None}  # fmt: skip
+    for key in shipped:
+        delattr(model.generation_config, key)
     train = read_pairs(args.train_file)
     calibration = None  # the layer of z the rules read: the checkpoint's, or calibrated in memory (the file is kept)
     if model.config.granularity_mask != "none" and hasattr(model.generation_config, "novelty_z_layer"):
@@ -132,7 +139,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     details = [{"high_z": words} for words in high_z_words(model, tokenizer, pairs["source"])]
     rows |= {"human reference": ("anchor", None, None), "copy the source": ("anchor", None, None)}
     predictions |= {"human reference": pairs["target"], "copy the source": pairs["source"]}
-    run = {"benchmark": "novelty", "model": str(args.checkpoint), "calibration": calibration, "settings": setup}
+    run = {"benchmark": "novelty", "model": str(args.checkpoint), "calibration": calibration, "settings": setup,
+           "checkpoint_default": shipped}  # fmt: skip
     for name, (family, value, kwargs) in rows.items():
         scores = metric.compute(predictions=predictions[name], references=pairs["target"], sources=pairs["source"],
                                 common=common)  # fmt: skip

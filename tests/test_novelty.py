@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration, LogitsProcessor
+from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration, GenerationConfig, LogitsProcessor
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from cdnpg.cli import main
@@ -811,6 +812,32 @@ def test_benchmark_settings_decodes_only_those_named_with_beam_search_and_refuse
     ):
         novelty.main([*flags, "--settings", "novelty 0.3", "--output_dir", str(tmp_path / "refused")])
     assert not (tmp_path / "refused").exists()  # refused before anything is decoded
+
+
+def test_benchmark_beam_search_is_the_models_own_on_a_checkpoint_that_ships_a_default_novelty(paraphrasers, tmp_path):
+    """The recipe writes novelty 0.25 into the checkpoint's generation config, which the pipeline applies when called
+    without decoding arguments: novelty.py leaves it out, so that "beam search" is beam search (it was novelty 0.25,
+    the same figures as the novelty row) and the run records what the checkpoint ships."""
+    from tests.test_quality_smoke import load_benchmark
+
+    novelty = load_benchmark("novelty")
+    checkpoint, shipped = paraphrasers["resonance"], tmp_path / "shipped"  # a trained one: novelty changes its output
+    shutil.copytree(checkpoint, shipped)
+    config = GenerationConfig.from_pretrained(checkpoint)
+    config.novelty = 0.5  # as run.py --generation_novelty writes it; a config derived from the model's keeps no
+    config._from_model_config = False  # key of its own when loaded (transformers), so run.py's is not derived
+    config.save_pretrained(shipped)
+    files = write_template_corpus(tmp_path / "data", num_train=80, num_valid=24, num_test=2, seed=0)
+    flags = ["--quick", "--train_file", str(files["train"]), "--valid_file", str(files["valid"]), "--settings",
+             "novelty 0.5"]  # fmt: skip
+    runs = {}
+    for name, folder in (("plain", checkpoint), ("shipped", shipped)):
+        novelty.main([str(folder), *flags, "--output_dir", str(tmp_path / name)])
+        runs[name] = json.loads((tmp_path / name / "samples-report.json").read_text())
+    assert runs["shipped"]["beam search"] == runs["plain"]["beam search"]
+    assert runs["plain"]["beam search"] != runs["plain"]["novelty 0.5"], "the two settings differ on these pairs"
+    recorded = [json.loads(line) for line in (tmp_path / "shipped" / "runs-report.jsonl").read_text().splitlines()]
+    assert {json.dumps(run["checkpoint_default"]) for run in recorded} == {json.dumps({"novelty": 0.5})}
 
 
 @pytest.mark.parametrize("wanted", [0, -1, 1.5, True])

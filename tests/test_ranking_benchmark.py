@@ -49,9 +49,7 @@ def test_the_report_half_refuses_to_run_without_the_tune_halfs_weights(checkpoin
         (["--split", "all"], "--split all needs --weights from a --split tune run"),
     ],
 )
-def test_more_groups_than_candidates_or_a_set_to_report_without_weights_is_a_usage_error(
-    flags, message, checkpoint, capsys
-):  # noqa: F811
+def test_more_groups_than_candidates_or_a_report_without_weights_is_a_usage_error(flags, message, checkpoint, capsys):  # noqa: F811
     with pytest.raises(SystemExit) as exited:
         ranking.parse_args([str(checkpoint), *flags])
     assert exited.value.code == 2
