@@ -235,24 +235,32 @@ def test_rewording_ranks_by_the_share_of_the_source_template_a_candidate_does_no
 def test_num_candidates_returns_the_best_of_k_by_the_ranking(loaded, similarity, novelty):
     """num_return_sequences=1 of num_candidates=4: the first of the same 4 candidates ranked (num_return_sequences=4
     from one beam search, num_beam_groups=1), which at novelty 0 are the model's 4 beams; for some input not the one
-    candidate decoded without num_candidates. (The tiny random embedder's cosines differ by hundredths: a large weight
-    lets them reorder.)"""
+    candidate decoded without num_candidates. The similarity's weight is read off the candidates' own parts, above the
+    least that puts another candidate first for some input: the tiny random embedder's cosines differ by hundredths,
+    and which fixed weight would reorder them depends on the CPU's arithmetic."""
     model, tokenizer = loaded
-    inputs, k = batch(tokenizer), 4
-    settings = {
-        **SETTINGS,
-        "novelty": novelty,
-        "rank_by": {"score": 1.0, "similarity": 10.0},
-        "similarity": similarity,
-    }
+    inputs, k, n = batch(tokenizer, SOURCES), 4, len(SOURCES)
+    settings = {**SETTINGS, "novelty": novelty, "similarity": similarity}
+    measured = paraphrase(model, tokenizer, inputs, num_return_sequences=k, num_beam_groups=1,
+                          rank_by={"score": 1.0, "similarity": 0.0}, **settings)  # fmt: skip
+    needed = []  # per candidate nearer its source than the first: the weight w where score + w * cosine passes it
+    for i in range(n):
+        rows = rows_of(measured, i, k)
+        score, cosine = decoding_score(measured, novelty)[rows], measured.similarities[rows]
+        needed += [
+            ((score[0] - score[j]) / (cosine[j] - cosine[0])).item() for j in range(1, k) if cosine[j] > cosine[0]
+        ]
+    assert needed, "no candidate is nearer its source than the first by the decoding score: nothing can reorder"
+    weight = 1.5 * min(needed) + 0.01
+    settings["rank_by"] = {"score": 1.0, "similarity": weight}
     every = paraphrase(model, tokenizer, inputs, num_return_sequences=k, num_beam_groups=1, **settings)
     best = paraphrase(model, tokenizer, inputs, num_return_sequences=1, num_candidates=k, **settings)
     alone = paraphrase(model, tokenizer, inputs, num_return_sequences=1, **settings)  # one candidate: nothing to rank
-    assert best.sequences.shape[0] == 2 and best.similarities.shape == (2,)
+    assert best.sequences.shape[0] == n and best.similarities.shape == (n,)
     picked = 0
-    for i in range(2):
+    for i in range(n):
         rows = rows_of(every, i, k)
-        ranking = decoding_score(every, novelty)[rows] + 10.0 * every.similarities[rows]
+        ranking = decoding_score(every, novelty)[rows] + weight * every.similarities[rows]
         top = int(ranking.argmax())
         assert top == 0, "paraphrase(num_return_sequences=k) puts the best first"
         assert torch.equal(best.sequences[i], every.sequences[rows][top])
