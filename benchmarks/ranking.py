@@ -93,18 +93,18 @@ def decode(paraphraser, sources: list[str], **kwargs) -> tuple[list[list[dict]],
     return found, time.perf_counter() - began
 
 
-def consensus(texts: list[list[str]], source: list[str], scores: list[float]) -> list[float]:
+def consensus(texts: list[list[str]], to_source: list[float], scores: list[float]) -> list[float]:
     """Each candidate's expected true iBLEU (0 to 1) with the other candidates of its source standing in for the
-    unseen reference, weighed by their likelihood (softmax of the decoding scores): minimum Bayes risk for the
-    metric. A part of this benchmark only, not a `rank_by` part of paraphrase(): measured here, it has not earned
-    a place in the API."""
-    weights = torch.softmax(torch.tensor(scores, dtype=torch.float64), dim=0).tolist() if scores else []
+    unseen reference, weighed by their likelihood (softmax of the decoding scores), given each one's BLEU-4 against
+    the source: minimum Bayes risk for the metric. A part of this benchmark only, not a `rank_by` part of
+    paraphrase(): measured here, it has not earned a place in the API."""
+    weights = torch.softmax(torch.tensor(scores, dtype=torch.float64), dim=0).tolist()
     expected = []
     for i, text in enumerate(texts):
         others = [j for j in range(len(texts)) if j != i]
         total = sum(weights[j] for j in others)
         agreement = sum(weights[j] * bleu(text, texts[j], BLEU4_WEIGHTS) for j in others) / total if total else 0.0
-        expected.append(ibleu(agreement, bleu(text, source, BLEU4_WEIGHTS)))
+        expected.append(ibleu(agreement, to_source[i]))
     return expected
 
 
@@ -169,11 +169,12 @@ def main(argv: list[str] | None = None) -> dict:
     ibleus, consensus_s = [], 0.0  # each candidate's sentence-level true iBLEU: the oracle's, every ranking's mean
     for index, (cands, source, reference) in enumerate(zip(candidates, sources, references)):
         tokens, src, ref = [normalize(c["generated_text"]) for c in cands], normalize(source), normalize(reference)
-        ibleus.append([100 * ibleu(bleu(t, ref, BLEU4_WEIGHTS), bleu(t, src, BLEU4_WEIGHTS)) for t in tokens])
-        began = time.perf_counter()
-        for c, agreed in zip(cands, consensus(tokens, src, [c["score"] for c in cands])):
+        began = time.perf_counter()  # the consensus needs each candidate's BLEU-4 against the source, as the metric
+        to_source = [bleu(t, src, BLEU4_WEIGHTS) for t in tokens]
+        for c, agreed in zip(cands, consensus(tokens, to_source, [c["score"] for c in cands])):
             c["consensus"] = agreed
         consensus_s += time.perf_counter() - began if index < len(timed) else 0.0
+        ibleus.append([100 * ibleu(bleu(t, ref, BLEU4_WEIGHTS), s) for t, s in zip(tokens, to_source)])
     write_candidates(out / f"candidates-{args.split}.jsonl", sources, references, candidates, ibleus, default_call)
     if args.split == "tune":
         chosen = {}

@@ -42,20 +42,20 @@ def test_the_consensus_is_the_expected_true_ibleu_against_the_other_candidates_w
 
     a, b, c = map(normalize, ("how do i learn python?", "how can i learn python?", "what is the capital?"))
     source = normalize("how should i learn python?")
-    to_source = {name: bleu(text, source, BLEU4_WEIGHTS) for name, text in {"a": a, "c": c}.items()}
+    to_source = [bleu(text, source, BLEU4_WEIGHTS) for text in (a, b, c)]
     # equal scores: a's agreement is the plain mean of its BLEU-4 against b and against c
-    even = ranking.consensus([a, b, c], source, [0.0, 0.0, 0.0])
+    even = ranking.consensus([a, b, c], to_source, [0.0, 0.0, 0.0])
     agreement = (bleu(a, b, BLEU4_WEIGHTS) + bleu(a, c, BLEU4_WEIGHTS)) / 2
-    assert even[0] == pytest.approx(0.8 * agreement - 0.2 * to_source["a"])
+    assert even[0] == pytest.approx(0.8 * agreement - 0.2 * to_source[0])
     # b three times as likely as c (scores log 3 and 0): a's agreement weighs b 3/4 and c 1/4
-    weighed = ranking.consensus([a, b, c], source, [0.0, float(torch.log(torch.tensor(3.0))), 0.0])
+    weighed = ranking.consensus([a, b, c], to_source, [0.0, float(torch.log(torch.tensor(3.0))), 0.0])
     agreement = 0.75 * bleu(a, b, BLEU4_WEIGHTS) + 0.25 * bleu(a, c, BLEU4_WEIGHTS)
-    assert weighed[0] == pytest.approx(0.8 * agreement - 0.2 * to_source["a"])
+    assert weighed[0] == pytest.approx(0.8 * agreement - 0.2 * to_source[0])
     # a candidate the model finds unlikely stands for nothing; the outlier, agreeing with no one, ranks last
-    unlikely = ranking.consensus([a, b, c], source, [0.0, 0.0, -1000.0])
-    assert unlikely[0] == pytest.approx(0.8 * bleu(a, b, BLEU4_WEIGHTS) - 0.2 * to_source["a"])
+    unlikely = ranking.consensus([a, b, c], to_source, [0.0, 0.0, -1000.0])
+    assert unlikely[0] == pytest.approx(0.8 * bleu(a, b, BLEU4_WEIGHTS) - 0.2 * to_source[0])
     assert unlikely[2] < min(unlikely[:2]) and even[2] < min(even[:2])
-    assert ranking.consensus([c], source, [0.0]) == [pytest.approx(-0.2 * to_source["c"])]  # nothing to agree with
+    assert ranking.consensus([c], to_source[2:], [0.0]) == [pytest.approx(-0.2 * to_source[2])]  # none to agree with
 
 
 def test_the_report_half_refuses_to_run_without_the_tune_halfs_weights(checkpoint):  # noqa: F811
