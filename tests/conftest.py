@@ -12,17 +12,25 @@ seed when it lacks it (`trained_paraphraser`).
 
 import contextlib
 import hashlib
-import json
 import logging
+import os
 import shutil
 import sysconfig
+import tempfile
 import traceback
 import warnings
 from pathlib import Path
 
+# Each pytest-xdist worker (and the processes it starts) copies checkpoints' remote code into a modules folder of its
+# own: transformers writes the files there in place, and a worker importing a file another one is writing would fail.
+# transformers reads the location once, at import, so it is set before anything imports it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix=f"cdnpg-modules-{os.environ['PYTEST_XDIST_WORKER']}-")
+
 import pytest
 import torch
 import transformers
+from filelock import FileLock
 
 from cdnpg.data import model_token_ids, template_corpus
 from cdnpg.hub import save_checkpoint
@@ -220,23 +228,38 @@ COPYING = {"none+copy": ("none", "learned"), "resonance+copy": ("resonance", "le
            "resonance+granularity copy": ("resonance", "granularity")}  # fmt: skip
 
 
+def shared_folder(tmp_path_factory, name: str) -> Path:
+    """A folder every process of this test run sees: with pytest-xdist, the workers' common temporary folder."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def paraphrasers(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
     """Per granularity mask, and per copy setting of `COPYING`, a tiny trained paraphraser saved as a checkpoint
-    (weights, remote code, tokenizer). Their `weights_digest`s are written beside them to `digests.json`: the same
-    in every run (issue 38's proof compares them across processes)."""
+    (weights, remote code, tokenizer), built once per test run: each under a file lock in a folder every pytest-xdist
+    worker sees, the workers taking the kinds in opposite orders so that they build different ones side by side.
+    Training is deterministic, so whichever worker builds a checkpoint, it is the same."""
     from cdnpg.data import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
-    folder = tmp_path_factory.mktemp("paraphrasers")
+    folder = shared_folder(tmp_path_factory, "paraphrasers")
     kinds = {kind: (kind, None) for kind in MASKS} | COPYING
-    checkpoints, digests = {}, {}
-    for kind, (mask, gate) in kinds.items():
-        model = trained_paraphraser(tokenizer, mask, copy_mechanism=gate)
-        digests[kind] = weights_digest(model)
-        checkpoints[kind] = save_checkpoint(model, tokenizer, folder / kind)
-    (folder / "digests.json").write_text(json.dumps(digests, indent=1) + "\n")
-    return checkpoints
+    order = list(kinds)
+    if int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")) % 2:
+        order.reverse()
+    checkpoints = {}
+    for kind in order:
+        checkpoint, done = folder / kind, folder / f"{kind}.done"
+        with FileLock(folder / f"{kind}.lock"):
+            if not done.exists():
+                mask, gate = kinds[kind]
+                save_checkpoint(trained_paraphraser(tokenizer, mask, copy_mechanism=gate), tokenizer, checkpoint)
+                done.touch()
+        checkpoints[kind] = checkpoint
+    return {kind: checkpoints[kind] for kind in kinds}
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -14,12 +14,12 @@ script) fails `test_markers_sit_above_a_snippet_say_why_and_apply`, and so does 
 (tests/test_x.py::test_y) that does not exist. Every fence names its language: python and bash/sh/shell snippets run,
 the others (text, yaml, ...) are not code.
 
-Each snippet runs in a fresh process, from its own copy of the project, as a user would from the checkout:
-`.venv` is the environment running these tests, whose bin comes first on PATH; `../shared` is the shared data when
-there is some; the Hub is offline. A tiny C-DNPG checkpoint is saved once and copied under each name of CHECKPOINTS
-that the snippet names (a training command writes its own; run.py refuses a non-empty output folder), and put in the
-offline Hub cache under HUB_IDS; the files of INPUT_FILES are there. A snippet naming
-another checkpoint or input file fails: add it here.
+Each snippet runs in a fresh process, from its own copy of one prepared checkout of the project, as a user would from
+the checkout: `.venv` is the environment running these tests, whose bin comes first on PATH; `../shared` is the
+shared data when there is some; the Hub is offline. A tiny C-DNPG checkpoint is saved once, lies under each name of
+CHECKPOINTS that the snippet names (a training command writes its own; run.py refuses a non-empty output folder),
+and is in the offline Hub cache under HUB_IDS; the files of INPUT_FILES are there. A snippet naming another
+checkpoint or input file fails: add it here.
 """
 
 import ast
@@ -262,19 +262,30 @@ def test_hub_ids_are_in_the_offline_cache_the_snippets_use(hub_cache, checkpoint
             assert isinstance(cached, str) and Path(cached).read_bytes() == (checkpoint / name).read_bytes(), name
 
 
-@pytest.fixture
-def workdir(tmp_path, checkpoint) -> Path:
-    """A copy of the project, as a user's checkout with the tiny checkpoint and the input files in it."""
-    project = tmp_path / "checkout"
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, checkpoint) -> Path:
+    """The project as a user's checkout, prepared once: the tiny checkpoint under each name of CHECKPOINTS, the input
+    files of INPUT_FILES, `.venv` linked to the environment running these tests and `../shared` to the shared data."""
+    root = tmp_path_factory.mktemp("docs-checkout")
+    project = root / "checkout"
     ignore = shutil.ignore_patterns(".*", "runs", "checkpoints", "build", "dist", "*.egg-info", "__pycache__")
     shutil.copytree(ROOT, project, ignore=ignore)
     (project / ".venv").symlink_to(sys.prefix, target_is_directory=True)
     if SHARED.is_dir():
-        (tmp_path / "shared").symlink_to(SHARED, target_is_directory=True)
+        (root / "shared").symlink_to(SHARED, target_is_directory=True)
     for name in CHECKPOINTS:
         shutil.copytree(checkpoint, project / name)
     for name, text in INPUT_FILES.items():
         (project / name).write_text(text)
+    return project
+
+
+@pytest.fixture
+def workdir(tmp_path, prepared) -> Path:
+    """A copy of the prepared checkout for one snippet, which may write in it as a user would (`../shared` beside it)."""
+    project = shutil.copytree(prepared, tmp_path / "checkout", symlinks=True)
+    if (prepared.parent / "shared").exists():
+        (tmp_path / "shared").symlink_to(SHARED, target_is_directory=True)
     return project
 
 

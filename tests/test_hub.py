@@ -5,11 +5,13 @@ The fresh-process tests run with this environment's Python and, when CDNPG_COMPA
 transformers 4.57.x environment (CI builds one), with that one too.
 """
 
+import atexit
 import hashlib
 import importlib.util
 import json
 import os
 import re
+import select
 import shutil
 import socket
 import subprocess
@@ -47,21 +49,91 @@ class _BlockProject:
             raise ImportError(f"{name} must not be importable here")
 sys.meta_path.insert(0, _BlockProject())
 """
+# Runs many probes in one isolated process: each request is a JSON line {"code", "cwd", "verbosity"}; each reply a
+# JSON line {"stdout"} or {"error"}. Every probe starts from what a fresh process would give it where it matters:
+# its own globals, its working directory, transformers' verbosity, and transformers' once-per-process warnings
+# (`warning_once`) warned anew.
+PROBE_SERVER = """
+import contextlib, io, json, logging, os, sys, traceback
+replies = sys.stdout
+for request in map(json.loads, sys.stdin):
+    os.chdir(request["cwd"])
+    if "transformers" in sys.modules:
+        import transformers
+        transformers.utils.logging.set_verbosity(getattr(logging, request["verbosity"].upper()))
+        if hasattr(logging.Logger.warning_once, "cache_clear"):
+            logging.Logger.warning_once.cache_clear()
+    else:
+        os.environ["TRANSFORMERS_VERBOSITY"] = request["verbosity"]
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output):
+            exec(compile(request["code"], "<probe>", "exec"), {"__name__": "__main__"})
+        reply = {"stdout": output.getvalue()}
+    except BaseException:
+        reply = {"error": traceback.format_exc()}
+    replies.write(json.dumps(reply) + "\\n")
+    replies.flush()
+"""
+PROBE_TIMEOUT = 300  # seconds a probe may take
+_servers: dict[str, subprocess.Popen] = {}
+
+
+def isolated_environment(env: dict | None = None) -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", **(env or {})}
+
+
+def probe_server(python: str) -> subprocess.Popen:
+    """The isolated process of `python` that runs probes for this test process, started on first use."""
+    server = _servers.get(python)
+    if server is None or server.poll() is not None:
+        server = _servers[python] = subprocess.Popen(
+            [python, "-I", "-c", BLOCK_PROJECT + PROBE_SERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=isolated_environment(),
+        )
+    return server
+
+
+@atexit.register
+def _stop_probe_servers() -> None:
+    for server in _servers.values():
+        server.kill()
 
 
 def run_isolated(python: str, code: str, cwd: Path, env: dict | None = None) -> dict:
-    """Run `code` in `python -I` (no cwd, no PYTHONPATH, no user site) from `cwd`; it prints one JSON line last."""
-    result = subprocess.run(
-        [python, "-I", "-c", BLOCK_PROJECT + textwrap.dedent(code)],
-        cwd=cwd,
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", **(env or {})},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    """Run `code` as a fresh `python -I` would (no cwd on the path, no PYTHONPATH, no user site, this project not
+    importable) from `cwd`; it prints one JSON line last, which is returned. Probes share one such process per
+    interpreter (the import of torch and transformers, paid once), unless `env` sets more than transformers'
+    verbosity: huggingface_hub reads its cache locations once, at import, so those probes get a process of their own."""
+    verbosity = (env or {}).get("TRANSFORMERS_VERBOSITY", "error")
+    code = textwrap.dedent(code)
+    if set(env or {}) - {"TRANSFORMERS_VERBOSITY"}:
+        result = subprocess.run(
+            [python, "-I", "-c", BLOCK_PROJECT + code],
+            cwd=cwd,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            env=isolated_environment(env),
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    server = probe_server(python)
+    server.stdin.write(json.dumps({"code": code, "cwd": str(cwd), "verbosity": verbosity}) + "\n")
+    server.stdin.flush()
+    ready, _, _ = select.select([server.stdout], [], [], PROBE_TIMEOUT)
+    line = server.stdout.readline() if ready else ""
+    if not line:
+        server.kill()
+        pytest.fail(f"the isolated {python} gave no answer within {PROBE_TIMEOUT} s (exit code {server.poll()})")
+    reply = json.loads(line)
+    assert "error" not in reply, reply.get("error", "")[-3000:]
+    return json.loads(reply["stdout"].strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
