@@ -34,7 +34,7 @@ TRAIN = [  # training/run.py, the metrics, the benchmarks and the granularity fi
 
 setup(
     name="cdnpg",
-    version="0.1.0",
+    version="0.2.0",
     description="C-DNPG: Continuous Decomposition of Granularity for Neural Paraphrase Generation, for transformers",
     long_description=Path("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
