@@ -278,8 +278,7 @@ def judged(value: float, at_most: float | None = None, at_least: float | None = 
 
 def measure(args, length: int, part: str, plan: list[Comparison], results: dict) -> None:
     """Count and time every model the `part` comparisons name at this length; store the ratios."""
-    plan = [c for c in plan if c.part == part]
-    if not plan:
+    if not (plan := [c for c in plan if c.part == part]):
         return
     batch, new_tokens = shapes(args, length, part)
     calls = {}
@@ -353,25 +352,23 @@ def main(argv: list[str] | None = None) -> dict:
         if args.out:
             write_json({**results, "measurements": [str(m) for m in results["measurements"]]}, args.out)
 
-    threads = torch.get_num_threads()
-    with contextlib.ExitStack() as restored:
-        if args.device.type == "cpu":  # one thread: a thread waiting for a descheduled sibling inflates small ops
-            torch.set_num_threads(1)
-            restored.callback(torch.set_num_threads, threads)
-            # inductor's C++ kernels as profiler ranges, so that `kernels` counts them
-            restored.enter_context(torch._inductor.config.patch({"cpp.enable_kernel_profile": True}))
-        try:
+    threads = torch.get_num_threads()  # on a CPU one: a thread waiting for a descheduled sibling inflates small ops
+    torch.set_num_threads(1 if args.device.type == "cpu" else threads)
+    try:  # inductor's C++ kernels as profiler ranges, so that `kernels` counts them
+        with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
             for length in args.seq_lens:
-                torch.compiler.reset()  # compiled code is per shape; past torch's recompile limit it runs eagerly
+                torch.compiler.reset()  # the masks compile anew per length: torch's recompile limit is never reached
                 for part in PARTS:
                     measure(args, length, part, plan, results)
                     save()  # a later failure keeps what was measured
-        except Exception as error:
-            results["error"] = f"{type(error).__name__}: {error}"
-            save()
-            where = f"; what was measured is in {args.out}" if args.out else ""
-            print(f"stopped by {results['error']}{where}", file=sys.stderr)
-            raise
+    except Exception as error:
+        results["error"] = f"{type(error).__name__}: {error}"
+        save()
+        print(f"stopped by {results['error']}" + (f"; what was measured is in {args.out}" if args.out else ""),
+              file=sys.stderr)  # fmt: skip
+        raise
+    finally:
+        torch.set_num_threads(threads)
     if results["measurements"]:
         benchmark.Compare(results["measurements"]).print()
     show([results])
