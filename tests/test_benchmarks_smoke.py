@@ -129,8 +129,9 @@ def test_the_kernel_count_is_one_per_kernel_a_function_launches_by_hand():
 
 
 class DispatchCount(TorchDispatchMode):
-    """A second way to count: the aten ops the dispatcher hands to a backend (below autograd and composite ops),
-    less views and what speed.py counts as launching nothing."""
+    """A second way to count: the aten ops the dispatcher hands to a backend (below autograd and implicit composite
+    ops), less views and what speed.py counts as launching nothing. It sees an op made of kernels of its own
+    (`masked_fill`: a copy and a fill; `_safe_softmax`: softmax, isneginf, all, where) once."""
 
     def __init__(self):
         super().__init__()
@@ -143,8 +144,8 @@ class DispatchCount(TorchDispatchMode):
 
 def test_the_kernel_counts_grow_with_what_ga_adds_and_match_a_direct_and_a_dispatcher_count(quick_run):
     """GA adds kernels to none, product to resonance, a copy gate to its mask; a decoding step is a fraction of beam
-    search's per-token count. BART's training step counts as the same model profiled here, and within a few ops of a
-    count at the dispatcher."""
+    search's per-token count. BART's training step counts as the same model profiled here, and no fewer than the ops
+    the dispatcher runs, nor more than the kernels that some of them are made of add (a tenth here)."""
     counts = quick_run["results"]["kernels"]
     train = {name: counts[f"L8/train/{name}"]["total"] for name in ("none", "resonance", "product", "bart")}
     assert train["none"] < train["resonance"] < train["product"]
@@ -165,7 +166,7 @@ def test_the_kernel_counts_grow_with_what_ga_adds_and_match_a_direct_and_a_dispa
     assert direct == {half: counts["L8/train/bart"][half] for half in direct}
     with DispatchCount() as dispatched:
         model(**batch)
-    assert abs(dispatched.ops - direct["forward"]) <= 0.05 * direct["forward"]
+    assert dispatched.ops <= direct["forward"] <= 1.15 * dispatched.ops
 
 
 @needs_a_compiler
