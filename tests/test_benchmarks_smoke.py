@@ -72,6 +72,10 @@ def test_report_prints_the_tables_of_speed_results(quick_run, capsys):
     assert "| L8/train/bart | " in printed and "| L8/generate/product / none | " in printed
     report.main([])  # the results kept in benchmarks/results/
     assert "| L/part/model (kernels) |" in capsys.readouterr().out
+    # a run that ends prints torch.utils.benchmark's table of its measurements, then report.py's
+    speed.main(["--quick", "--seq-lens", "8", "--parts", "generate", "--gen-variants", "--repeats", "1"])
+    printed = capsys.readouterr().out
+    assert "generate ---]" in printed and "| L8/generate/none / bart |" in printed
 
 
 def test_report_averages_seeds_and_leaves_out_a_metric_a_run_could_not_compute(tmp_path, capsys):
