@@ -226,8 +226,8 @@ def peak_memory(fn, device) -> int | None:
 
 def kernels(events, device: torch.device) -> int:
     """Kernels among profiled events. On CUDA the device's own (kernels, copies, fills). Elsewhere each aten op that
-    does work (not NOT_LAUNCHED) with no such op inside it (`linear` counts as its `addmm`, a `masked_fill` as its
-    copy and its `masked_fill_`), and each C++ kernel inductor generates (a profiler range of its own when
+    does work (not NOT_LAUNCHED) with no such op inside it (`linear` counts once, a `masked_fill` twice: its copy and
+    its fill), and each C++ kernel inductor generates (a profiler range of its own when
     `torch._inductor.config.cpp.enable_kernel_profile` is on as it compiles)."""
     if device.type == "cuda":
         return sum(event.device_type == DeviceType.CUDA for event in events)
@@ -320,7 +320,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add, masks = parser.add_argument, dict(nargs="*", choices=GRANULARITY_MASKS)
     add("--seq-lens", type=int, nargs="+", help="source = target lengths (default 20 64 256; --quick 8 16)")
-    add("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="what to time")
+    add("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="what to measure")
     add("--masks", nargs="+", choices=("eager", "compiled"), help="how GA's masks are built (default: the device's)")
     add("--variants", nargs="*", default=list(GA), choices=GA, help="GA vs none, training step")
     add("--gen-variants", **masks, default=["product"], help="use_cache=False vs cached beam search; GA vs none")
