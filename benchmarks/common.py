@@ -1,6 +1,5 @@
-"""The benchmarks' harness: the shared data and its splits, the decoding, the baseline models, one JSON line per run,
-and the grouping of runs into mean ± std. quality.py, novelty.py and speed.py use it; report.py reads what they write.
-"""
+"""The benchmarks' harness: the shared data and its splits, the decoding, one JSON line per run, and the grouping of
+runs into mean ± std. Every benchmark uses it; report.py reads what they write."""
 
 from __future__ import annotations
 
@@ -37,16 +36,15 @@ def decoding_parser(description: str, split: str, output_dir: str) -> argparse.A
     """The options every benchmark that decodes a checkpoint on a half of valid.jsonl takes (novelty.py,
     ranking.py); `check_positive` checks their counts once parsed."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("checkpoint", help="a C-DNPG checkpoint folder (model, tokenizer, generation_config.json)")
-    parser.add_argument(
-        "--split", choices=("tune", "report", "all"), default=split, help="which half of valid.jsonl (all: every pair)"
-    )
-    parser.add_argument("--valid_file", default=str(QUORA / "valid.jsonl"), help="split in two halves")
-    parser.add_argument("--train_file", default=str(QUORA / "train.jsonl"), help="word frequencies (rare words)")
-    parser.add_argument("--max_pairs", type=int, default=None, help="decode only the first N pairs of the split")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--output_dir", default=output_dir, help="runs-<split>.jsonl goes here")
-    parser.add_argument("--quick", action="store_true", help="a few pairs: the smoke test")
+    add = parser.add_argument
+    add("checkpoint", help="a C-DNPG checkpoint folder (model, tokenizer, generation_config.json)")
+    add("--split", choices=("tune", "report", "all"), default=split, help="a half of valid.jsonl (all: every pair)")
+    add("--valid_file", default=str(QUORA / "valid.jsonl"), help="split in two halves")
+    add("--train_file", default=str(QUORA / "train.jsonl"), help="word frequencies (rare words)")
+    add("--max_pairs", type=int, default=None, help="decode only the first N pairs of the split")
+    add("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    add("--output_dir", default=output_dir, help="runs-<split>.jsonl goes here")
+    add("--quick", action="store_true", help="a few pairs: the smoke test")
     return parser
 
 

@@ -4,13 +4,13 @@ and over the knobs that need no z.
 
     # the reported run, on the last 2,000 Quora validation pairs (docs/benchmarks.md); the first 2,000: --split tune
     python benchmarks/novelty.py CHECKPOINT --split report --output_dir runs/novelty
-    python benchmarks/report.py runs/novelty/runs-report.jsonl --plot docs/novelty.png  # the table and figure
+    python benchmarks/report.py runs/novelty/runs-report.jsonl  # the table
     python benchmarks/novelty.py CHECKPOINT --quick --train_file F --valid_file F --output_dir /tmp/novelty  # smoke
 
 Every setting (`settings`) decodes the same pairs through the text2text pipeline with `common.DECODING`, a chunk of
 pairs each in turn (the time is each one's total over beam search's), and is scored by `paraphrase_metrics` and by
 the high-z words kept; 5 candidates of beam search and of `novelty` 0.5 are compared on the first pairs. Every
-setting appends one JSON line to `OUTPUT_DIR/runs-<split>.jsonl`; report.py prints the table and draws the figure.
+setting appends one JSON line to `OUTPUT_DIR/runs-<split>.jsonl`; report.py prints the table.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from modeling_cdnpg.pipeline_cdnpg import CONFIGURED_KEYS
 
 NOVELTIES = (0.25, 0.5, 0.75, 1.0)
 KEEPS = (0.25, 0.5, 1.0)  # keep_details on top of novelty 0.5
-KNOBS = (  # transformers' own knobs against copying: (family, generate() argument, values)
+KNOBS = (
     ("no_repeat", "encoder_no_repeat_ngram_size", (2, 3, 4)),
     ("repetition", "encoder_repetition_penalty", (0.9, 0.7, 0.5)),
-)
+)  # transformers' own: (family, knob, values)
 BATCH_SIZE, CHUNK = 64, 256  # sentences per generate() call; pairs per round of the interleaved timing
 
 

@@ -8,14 +8,12 @@
 
 Every model is trained, selected by validation loss, decoded and scored by `training/run.py`'s pipeline with one
 recipe, data and tokenizer (C-DNPG in a run.py subprocess; BART and bert2bert in this process, only the model
-differs) and appends one JSON line to `OUTPUT_DIR/runs.jsonl`; report.py prints the table. docs/benchmarks.md has the
-protocol: the data and its splits (`common.read_pairs`), the anchors, the warm starts.
+differs) and appends one JSON line to `OUTPUT_DIR/runs.jsonl`; report.py prints the table. Protocol: docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -23,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import datasets
 import torch
 import transformers
 from common import QUORA, ROOT, append_run, check_setup, read_pairs, read_runs
@@ -44,18 +41,12 @@ QUICK = dict(
     d_model=32, layers=2, attention_heads=4, ffn_dim=64, vocab_size=600, max_steps=12, warmup_steps=2,
     learning_rate=1e-3, batch_size=16, eval_batch_size=32, max_test_samples=12, evaluations=2, threads=1,
 )  # fmt: skip
-CDNPG_FLAGS = (
-    "copy_mechanism",
-    "copy_common_tokens",
-    "drop_near_copies",
-    "both_directions",
-)  # run.py's, of the C-DNPG models alone
+CDNPG_FLAGS = ("copy_mechanism", "copy_common_tokens", "drop_near_copies", "both_directions")  # of C-DNPG alone
 RUN_FLAGS = {  # benchmark flag -> training/run.py flag, passed on when given
     **{name: name for name in (*SIZE_FLAGS, "dropout", "max_steps", "learning_rate", "warmup_steps")},
-    "batch_size": "per_device_train_batch_size",
-    "eval_batch_size": "per_device_eval_batch_size",
+    "batch_size": "per_device_train_batch_size", "eval_batch_size": "per_device_eval_batch_size",
     "max_test_samples": "max_predict_samples",
-}
+}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,7 +68,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--copy_common_tokens", type=int, metavar="N", help="never copy the N most frequent tokens (run.py's)")
     add("--drop_near_copies", type=float, metavar="BLEU", help="C-DNPG models leave out near-copy pairs (run.py's)")
     add("--both_directions", action="store_true", help="C-DNPG models also learn each pair reversed (run.py's)")
-    add("--extra_test", action="append", default=[], metavar="NAME=FILE", help="another test set (repeatable)")
     add("--seeds", type=int, nargs="+", default=[0], help="one run per seed; mean ± std when several")
     for name in (*SIZE_FLAGS, "batch_size", "eval_batch_size"):
         add(f"--{name}", type=int, help="default: run.py's (CDNPGConfig's, the paper's)")
@@ -85,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, value in RECIPE.items():  # steps, AdamW's peak rate, linear warm-up, validation-loss checks per run
         add(f"--{name}", type=type(value), help=f"default {value}")
     add("--threads", type=int, help="torch CPU threads per process; 1 is fastest on a CPU shared with other jobs")
-    add("--max_test_samples", type=int, help="score only the first N test pairs (of every --extra_test set too)")
+    add("--max_test_samples", type=int, help="score only the first N test pairs")
     add("--bf16", action="store_true", help="bfloat16 mixed precision: on a CPU with AVX512-BF16/AMX or a GPU only")
     add("--output_dir", default="runs/quality", help="runs, data splits, runs.jsonl")
     add("--quick", action="store_true", help="tiny model on the template corpus: < 2 minutes (flags given win)")
@@ -97,9 +87,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
     if len(set(args.seeds)) != len(args.seeds):
         raise SystemExit(f"--seeds repeats a seed: {args.seeds}")
-    args.extra_test = dict(extra.partition("=")[::2] for extra in args.extra_test)  # name -> file
-    if not all(name and Path(path).is_file() for name, path in args.extra_test.items()):
-        raise SystemExit(f"--extra_test {args.extra_test}: give NAME=FILE with an existing pairs file")
     return args
 
 
@@ -198,21 +185,6 @@ def train(name: str, argv: list[str], log_path: Path, threads: int | None, metri
     return json.loads((Path(argv[argv.index("--output_dir") + 1]) / "all_results.json").read_text())
 
 
-def score_extra(run_dir: Path, model, argv: list[str], pairs: datasets.Dataset, metric, common, name: str) -> dict:
-    """The selected model of a run decoded on another test set exactly as on the test split (run.py's tokenizer,
-    lengths and beam search), scored, and its predictions written beside the run's."""
-    _, data_args, training_args = training.parse_args(argv)
-    training_args = dataclasses.replace(
-        training_args, do_train=False, eval_strategy="no", save_strategy="no", load_best_model_at_end=False
-    )  # decoding only
-    tokenizer = load_tokenizer(run_dir)
-    features = training.tokenize(datasets.DatasetDict({"train": pairs, "test": pairs}), tokenizer, data_args)
-    trainer = training.make_trainer(model, tokenizer, features, training_args, data_args.max_target_length)
-    predictions, _ = training.predict(trainer, features["test"])
-    training.write_predictions(run_dir / f"predictions-{name}.jsonl", pairs, predictions)
-    return test_metrics(training.score(metric, predictions, pairs, common))
-
-
 def test_metrics(raw: dict[str, float]) -> dict[str, float]:
     """run.py's `test_*` scores without the prefix (and without its timings)."""
     timings = ("_runtime", "_per_second")
@@ -250,7 +222,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     files = prepare_files(args, out_dir / "data")
     tokenizer_dir = prepare_tokenizer(args, files["train"], out_dir / "tokenizer")
     train_pairs, test_pairs = read_pairs(files["train"]), read_pairs(files["test"], args.max_test_samples)
-    extras = {name: read_pairs(path, args.max_test_samples) for name, path in args.extra_test.items()}
     metric, runs_path = training.load_metric(), out_dir / "runs.jsonl"
     data = {"data": f"{len(train_pairs):,} training pairs ({files['train'].name})",
             "test": f"{len(test_pairs)} pairs of {files['test'].name}"}  # fmt: skip
@@ -262,12 +233,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     anchor = {"benchmark": "quality", "seed": 0, "settings": data}
     human = test_metrics(training.score(metric, test_pairs["target"], test_pairs, common))
     append_run(runs_path, {**anchor, "model": HUMAN, "metrics": {k: v for k, v in human.items() if "kept" in k}})
-    (out_dir / COPY).mkdir(exist_ok=True)
-    copied = {}  # the trivial baseline: the prediction is the source itself
-    for test, pairs in {"": test_pairs, **extras}.items():
-        training.write_predictions(out_dir / COPY / f"predictions{test and '-' + test}.jsonl", pairs, pairs["source"])
-        copied[test] = test_metrics(training.score(metric, pairs["source"], pairs, common))
-    append_run(runs_path, {**anchor, "model": COPY, "metrics": copied.pop(""), "extra": copied})
+    (out_dir / COPY).mkdir(exist_ok=True)  # the trivial baseline: the prediction is the source itself
+    training.write_predictions(out_dir / COPY / "predictions.jsonl", test_pairs, test_pairs["source"])
+    copied = test_metrics(training.score(metric, test_pairs["source"], test_pairs, common))
+    append_run(runs_path, {**anchor, "model": COPY, "metrics": copied})
     warm = [f"{WARM}{model_name(mask, args)}" for mask in args.warm_variants] if args.init_from else []
     if args.init_from and not args.no_bert2bert:
         bert = transformers.AutoConfig.from_pretrained(args.init_from).model_type == "bert"
@@ -286,8 +255,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
             append_run(runs_path, {
                 "benchmark": "quality", "model": name, "seed": seed, "settings": settings,
                 "metrics": test_metrics(raw),
-                "extra": {test: score_extra(run_dir, model, argv, pairs, metric, common, test) for test, pairs in
-                          extras.items()},
                 "steps": steps, "s_per_step": runtime / steps if steps and runtime else None,
                 "best_validation_loss": state.get("best_metric", raw.get("eval_loss")),
                 "train_loss": {row["step"]: row["loss"] for row in state.get("log_history", []) if "loss" in row},

