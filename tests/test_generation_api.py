@@ -19,13 +19,12 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 
 from cdnpg.data import train_wordpiece_tokenizer
-from cdnpg.granularity import high_z_words, word_granularities
+from cdnpg.granularity import high_z_words, word_granularities, word_positions
 from cdnpg.training.baselines import bart_like
 from modeling_cdnpg.generation_cdnpg import (
     granularity_processors,
     paraphrase,
     source_ngrams,
-    word_positions,
     word_starts,
 )
 from tests.conftest import BOS, EOS, PAD, tiny_config, tiny_model

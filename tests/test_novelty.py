@@ -24,6 +24,7 @@ from torch import nn
 from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration, GenerationConfig, LogitsProcessor
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
+from cdnpg.calibration import calibrate_granularity
 from cdnpg.cli import main
 from cdnpg.data import model_token_ids, template_corpus, train_wordpiece_tokenizer, write_template_corpus
 from cdnpg.hub import save_checkpoint
@@ -34,7 +35,6 @@ from modeling_cdnpg.generation_cdnpg import (
     DetailBonusLogitsProcessor,
     NoCopyLogitsProcessor,
     SourceNgramPenaltyLogitsProcessor,
-    calibrate_granularity,
     granularity_processors,
     paraphrase,
     source_ngrams,
@@ -526,8 +526,7 @@ def test_high_z_words_are_the_words_decoding_weighs_as_details_in_either_orienta
     """The words (the figure's) whose detail, as decoding weighs it (`weigh_source`: z of the calibrated layer,
     oriented, then the largest over the word's pieces), passes the threshold: what keep_details rewards. Below the
     lowest every word, above the highest none, and at 0.5 exactly those."""
-    from cdnpg.granularity import high_z_words, word_granularities
-    from modeling_cdnpg.generation_cdnpg import word_positions
+    from cdnpg.granularity import high_z_words, word_granularities, word_positions
 
     model = CDNPGForConditionalGeneration.from_pretrained(checkpoint).eval()
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -917,5 +916,5 @@ def test_rank_by_reverse_likelihood_orders_the_same_candidates_by_log_p_of_the_s
             if value > -math.inf:
                 key = tuple(content(row))
                 assert value.item() == pytest.approx(score[key].item() + summed[key], abs=1e-5)
-    with pytest.raises(ValueError, match="rank_by must be one of 'score', 'reverse_likelihood'"):
+    with pytest.raises(ValueError, match="rank_by: unknown part 'meaning'; the parts that can be weighed are 'score'"):
         para(model, ids, mask, rank_by="meaning", **settings)
