@@ -5,10 +5,15 @@ remote code reads (`generation_cdnpg.z_settings`).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from cdnpg.inference import input_limit
 from modeling_cdnpg.generation_cdnpg import content_tokens
+
+BATCH_SIZE = 64  # texts encoded at once
 
 
 @torch.no_grad()
@@ -17,7 +22,6 @@ def calibrate_granularity(
     tokenizer: PreTrainedTokenizerBase,
     texts: list[str],
     common_tokens: int = 1000,
-    batch_size: int = 64,
 ) -> dict[str, object]:
     """Choose the encoder layer whose z best tells details from template, and its orientation; store both in
     `model.generation_config` (`novelty_z_layer`, `novelty_z_inverted`), which `save_pretrained` keeps.
@@ -31,20 +35,19 @@ def calibrate_granularity(
     """
     if model.config.granularity_mask == "none":
         raise ValueError("calibrate_granularity: this model has no granularity heads (granularity_mask='none')")
-    counts: dict[int, int] = {}
-    for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]:
-        for token in ids:
-            counts[token] = counts.get(token, 0) + 1
-    common = sorted(counts, key=lambda token: -counts[token])[:common_tokens]
+    rows = tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+    counts = Counter(token for row in rows for token in row)
+    common = [token for token, _ in counts.most_common(common_tokens)]  # ties: in the order first met
     common_ids = torch.tensor(common, device=model.device)
     special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)), device=model.device)
     sums, totals = 0.0, torch.zeros(2, device=model.device)
-    for start in range(0, len(texts), batch_size):
+    limit, _ = input_limit(model, tokenizer)
+    for start in range(0, len(texts), BATCH_SIZE):
         batch = tokenizer(
-            list(texts[start : start + batch_size]),
+            list(texts[start : start + BATCH_SIZE]),
             padding=True,
             truncation=True,
-            max_length=min(model.config.max_position_embeddings, tokenizer.model_max_length),
+            max_length=limit,
             return_tensors="pt",
         ).to(model.device)
         encoded = model.get_encoder()(

@@ -330,7 +330,6 @@ def source_ngrams(
     detail: torch.Tensor,
     special_ids: torch.Tensor,
     starts: torch.Tensor | None = None,
-    ngram_size: int = NGRAM_SIZE,
 ) -> tuple[torch.LongTensor, torch.Tensor]:
     """The n-grams of each source (b, k, n) and their template weights (b, k): 1 - max(detail) over the n-gram's
     non-special tokens. Weight 0 (and id -1, which no generated token matches) for an n-gram that ends in a special
@@ -340,13 +339,13 @@ def source_ngrams(
     detail (b, s): z of each source token, in [0, 1] (all 0 for a uniform weight).
     """
     ids = input_ids.masked_fill(~attention_mask.bool(), -1)
-    windows = ids.unfold(1, ngram_size, 1)  # (b, k, n)
+    windows = ids.unfold(1, NGRAM_SIZE, 1)  # (b, k, n)
     special = torch.isin(windows, special_ids)
-    details = detail.float().unfold(1, ngram_size, 1).masked_fill(special, 0.0)
+    details = detail.float().unfold(1, NGRAM_SIZE, 1).masked_fill(special, 0.0)
     weights = 1 - details.amax(-1)
     valid = (windows >= 0).all(-1) & ~special[..., -1] & ~special.all(-1)
     if starts is not None:
-        valid &= starts.unfold(1, ngram_size, 1)[..., -1]
+        valid &= starts.unfold(1, NGRAM_SIZE, 1)[..., -1]
     return windows.masked_fill(~valid[..., None], -1), weights.masked_fill(~valid, 0.0)
 
 

@@ -1,5 +1,4 @@
-"""generate() is transformers' own (issue 40, item 1), and one word rule serves decoding, the granularity figure and
-`high_z_words` (item 2).
+"""generate() is transformers' own, and one word rule serves decoding, the granularity figure and `high_z_words`.
 
 The model's `generate()` is compared with BART's of the same tiny size, option by option: what one returns, the other
 returns in the same form. The word rule runs on WordPiece and on a byte-level BPE tokenizer (BART's kind, trained here

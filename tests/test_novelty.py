@@ -34,6 +34,7 @@ from modeling_cdnpg.generation_cdnpg import (
     MAX_PENALTY,
     DetailBonusLogitsProcessor,
     NoCopyLogitsProcessor,
+    ParaphraseSettings,
     SourceNgramPenaltyLogitsProcessor,
     granularity_processors,
     paraphrase,
@@ -418,6 +419,32 @@ def test_candidates_of_a_random_model_are_distinct_and_padded_rows_say_so():
         assert all(content(row) == [] for row, full in zip(rows, filled) if not full)
 
 
+def test_the_settings_decode_alike_as_one_dataclass_or_as_keywords_and_defaults_come_from_the_generation_config():
+    """`paraphrase(model, tokenizer, inputs, ParaphraseSettings(...))` is the keyword call; not both at once. Settings
+    not given are the generation config's (a default num_candidates raised to num_return_sequences), named as its own
+    when wrong."""
+    model = Copier(detail={8})
+    ids, mask = sources([5, 6, 8, 9], [12, 13])
+    inputs, decoding = {"input_ids": ids, "attention_mask": mask}, dict(num_beams=4, max_new_tokens=8)
+    settings = ParaphraseSettings(novelty=0.5, keep_details=0.25, num_return_sequences=3)
+    given = paraphrase(model, None, inputs, settings, **decoding)
+    keywords = paraphrase(model, None, inputs, novelty=0.5, keep_details=0.25, num_return_sequences=3, **decoding)
+    assert torch.equal(given.sequences, keywords.sequences)
+    assert torch.equal(given.sequences_scores, keywords.sequences_scores)
+    with pytest.raises(TypeError, match="as settings= or as keywords, not both: novelty"):
+        paraphrase(model, None, inputs, settings, novelty=0.5)
+    config = GenerationConfig(novelty=0.5, num_candidates=2, rank_by="score+rewording")
+    defaults = ParaphraseSettings.from_generation_config(config, num_return_sequences=3, keep_details=None)
+    assert (defaults.novelty, defaults.keep_details, defaults.candidates) == (0.5, 0.0, 3)
+    assert defaults.weights == {"score": 1.0, "rewording": 1.0}
+    assert ParaphraseSettings.from_generation_config(config, novelty=0.25).novelty == 0.25
+    config.novelty = 2
+    with pytest.raises(ValueError, match=r"^generation_config.novelty must be a number in \[0, 1\]"):
+        ParaphraseSettings.from_generation_config(config)
+    with pytest.raises(ValueError, match=r"^novelty must be a number in \[0, 1\]"):
+        ParaphraseSettings(novelty=2)
+
+
 def test_bad_novelty_is_refused_with_its_value():
     model = calibrated(tiny_model())
     ids, mask = sources([5, 6])
@@ -584,8 +611,8 @@ def test_pipeline_gives_more_novelty_candidates_than_beams(checkpoint, num_beams
 
 
 def test_pipeline_warns_when_it_returns_fewer_candidates_than_asked(checkpoint):
-    """Issue 41: `novelty=0.9, num_return_sequences=12` gave 7 candidates without a word. The copier has few distinct
-    paraphrases in it: the pipeline says how many of how many, naming the input, through the warnings module."""
+    """Fewer candidates than asked are never returned silently. The copier has few distinct paraphrases in it: the
+    pipeline says how many of how many, naming the input, through the warnings module."""
     from modeling_cdnpg.pipeline_cdnpg import FewerCandidatesWarning
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -880,7 +907,7 @@ def test_the_cli_says_why_an_input_got_fewer_candidates_than_asked(checkpoint, c
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Ranking by reverse likelihood (issue 40, item 3)
+# Ranking by reverse likelihood
 # ---------------------------------------------------------------------------------------------------------------------
 
 

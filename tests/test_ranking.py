@@ -1,4 +1,4 @@
-"""Ranking paraphrase candidates by meaning (issue 40, item 3; modeling_cdnpg/generation_cdnpg.py): the sentence
+"""Ranking paraphrase candidates by meaning (modeling_cdnpg/generation_cdnpg.py, cdnpg/ranking.py): the sentence
 embedding similarity (`SentenceSimilarity`, `mean_pooling`), weighted rankings (`rank_by`), the best of K candidates
 (`num_candidates`), their defaults from the generation config, and where users reach them: `paraphrase()`, the
 pipeline and `cdnpg paraphrase`.
