@@ -766,13 +766,13 @@ def decode_groups(search: Callable, selection: CandidateSelection, config: Gener
     paraphrase runs), and more such searches while they hold fewer beams than the candidates asked for. Each runs
     under `rules` with the source n-gram penalty replaced by one that also covers the candidates chosen before; the
     best new beam of each search is chosen, and the other new beams make up the rest (`CandidateSelection`)."""
-    settings, groups = copy.deepcopy(config), selection.settings.groups
-    settings.num_beams = max(1, math.ceil((config.num_beams or 1) / groups))
-    settings.num_return_sequences = settings.num_beams  # every beam: the later ones stand in for a repeated one
+    group_config, groups = copy.deepcopy(config), selection.settings.groups
+    group_config.num_beams = max(1, math.ceil((config.num_beams or 1) / groups))
+    group_config.num_return_sequences = group_config.num_beams  # every beam: later ones stand in for a repeated one
     others = [rule for rule in rules if not isinstance(rule, SourceNgramPenaltyLogitsProcessor)]
-    for _ in range(max(groups, math.ceil(selection.settings.candidates / settings.num_beams))):
+    for _ in range(max(groups, math.ceil(selection.settings.candidates / group_config.num_beams))):
         penalty = SourceNgramPenaltyLogitsProcessor(*selection.penalised_ngrams())
-        selection.offer(search(settings, [penalty, *others]), settings.num_beams)
+        selection.offer(search(group_config, [penalty, *others]), group_config.num_beams)
 
 
 def stack_candidates(chosen: list[list[torch.Tensor]], wanted: int, pad_token_id: int, device) -> tuple:
