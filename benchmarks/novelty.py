@@ -27,12 +27,12 @@ from report import NOVELTY, show
 
 import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
 from cdnpg import training
+from cdnpg.calibration import calibrate_granularity
 from cdnpg.data import load_tokenizer
 from cdnpg.granularity import high_z_words
 from cdnpg.training.paraphrase_metrics import candidate_scores, common_words, retention
 from modeling_cdnpg import CDNPGText2TextPipeline
-from modeling_cdnpg.generation_cdnpg import calibrate_granularity
-from modeling_cdnpg.pipeline_cdnpg import CONFIGURED_KEYS
+from modeling_cdnpg.generation_cdnpg import CONFIGURED as CONFIGURED_KEYS
 
 NOVELTIES = (0.25, 0.5, 0.75, 1.0)
 KEEPS = (0.25, 0.5, 1.0)  # keep_details on top of novelty 0.5

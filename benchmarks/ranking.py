@@ -33,9 +33,9 @@ from novelty import BATCH_SIZE
 import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
 from cdnpg import training
 from cdnpg.data import load_tokenizer
+from cdnpg.ranking import SentenceSimilarity
 from cdnpg.training.paraphrase_metrics import BLEU4_WEIGHTS, bleu, common_words, ibleu, normalize
 from modeling_cdnpg import CDNPGText2TextPipeline
-from modeling_cdnpg.generation_cdnpg import SentenceSimilarity
 
 GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # weights tried for every part
 PARTS = {"reverse": "reverse_log_likelihood", "similarity": "similarity", "rewording": "rewording",

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from cdnpg.commands import (
     EXIT_ERROR,
     EXIT_USAGE,
+    LOGGERS,
     CLIError,
     check_convert,
     check_granularity,
@@ -277,14 +278,15 @@ def _cli_logging(verbose: bool) -> Iterator[None]:
     """One-line messages on stderr for the run, then the logging state as it was: `main` is callable from Python."""
     from transformers.utils import logging as hf_logging
 
-    package, hub = logging.getLogger("cdnpg"), logging.getLogger("huggingface_hub")
-    saved = (package.handlers[:], package.level, package.propagate, hub.level)
+    ours, hub = [logging.getLogger(name) for name in LOGGERS], logging.getLogger("huggingface_hub")
+    saved, hub_level = [(package.handlers[:], package.level, package.propagate) for package in ours], hub.level
     hf_saved = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter())
-    package.handlers[:] = [handler]
-    package.setLevel(logging.DEBUG if verbose else logging.INFO)
-    package.propagate = False
+    for package in ours:
+        package.handlers[:] = [handler]
+        package.setLevel(logging.DEBUG if verbose else logging.INFO)
+        package.propagate = False
     if not verbose:
         hf_logging.set_verbosity_error()  # our own warnings cover what a user of this command needs
         hf_logging.disable_progress_bar()  # "Loading weights" bars: noise on every call
@@ -292,7 +294,9 @@ def _cli_logging(verbose: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        package.handlers[:], package.level, package.propagate, hub.level = saved
+        for package, (handlers, level, propagate) in zip(ours, saved):
+            package.handlers[:], package.level, package.propagate = handlers, level, propagate
+        hub.level = hub_level
         hf_logging.set_verbosity(hf_saved[0])
         if hf_saved[1]:
             hf_logging.enable_progress_bar()

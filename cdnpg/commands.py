@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from modeling_cdnpg.generation_cdnpg import SentenceSimilarity
+    from cdnpg.ranking import SentenceSimilarity
     from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
 
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+LOGGERS = ("cdnpg", "modeling_cdnpg")  # said on stderr as the command's: its own, and the model's (input warnings)
 # stdin quiet this long: paraphrase the lines read so far rather than wait for a full batch (a slow producer's lines
 # are printed as they come; a fast one still fills batches)
 STDIN_STALL_SECONDS = 0.2
@@ -115,64 +116,45 @@ def paraphrase(
     num_candidates: int | None = None,
     similarity: SentenceSimilarity | None = None,
 ) -> list[list[dict[str, str | float]]]:
-    """The candidates of each text, through the text2text pipeline (so the command and the pipeline decode and
-    detokenise alike), as one batch: `{"generated_text": ...}`, with `novelty`, `keep_details`, `rank_by` or
-    `num_candidates` also `"score"` (what ranks them) and its parts. `rank_by`, `num_candidates` and `similarity`
-    are `generation_cdnpg.paraphrase`'s.
+    """The candidates of each text, through the text2text pipeline (so the command and the pipeline check inputs,
+    decode and detokenise alike), as one batch: `{"generated_text": ...}`, with `novelty`, `keep_details`, `rank_by`
+    or `num_candidates` also `"score"` (what ranks them) and its parts. `rank_by`, `num_candidates` and `similarity`
+    are `generation_cdnpg.ParaphraseSettings`'.
 
     A text with nothing to paraphrase (empty, blank, or only unknown tokens: `pipeline_cdnpg.unreadable`) gets none,
-    with a warning. Inputs longer than the model takes are truncated to that (not to the paper's 20 tokens), with a
-    warning. `first_index` numbers the texts in warnings (their line number in the input).
+    and one longer than the model takes is truncated to that (not to the paper's 20 tokens), each with the
+    pipeline's warning. `first_index` numbers the texts in warnings (their line number in the input).
     """
-    from cdnpg.inference import generation_kwargs, input_limit, warn_long_inputs
-    from modeling_cdnpg.pipeline_cdnpg import FewerCandidatesWarning, unreadable
+    from cdnpg.inference import new_tokens
+    from modeling_cdnpg.pipeline_cdnpg import FewerCandidatesWarning, input_limit, unreadable
 
     model, tokenizer = paraphraser.model, paraphraser.tokenizer
-    todo = []
-    for offset, text in enumerate(texts):
-        problem = unreadable(tokenizer, text)
-        if problem:
-            logger.warning("input %d %s: no paraphrase", first_index + offset, problem)
-        else:
-            todo.append(offset)
-    results: list[list[dict[str, str | float]]] = [[] for _ in texts]
-    if not todo:
-        return results
-    sources = [texts[o].strip() for o in todo]
-    longest = warn_long_inputs(tokenizer, sources, *input_limit(model, tokenizer), [first_index + o for o in todo])
-    # novelty > 0, given or the checkpoint's default: one beam search per paraphrase returned (more while they hold
-    # fewer beams than the candidates), so the beams need not reach -n
-    diverse = bool(novelty if novelty is not None else getattr(model.generation_config, "novelty", None))
-    configured = getattr(model.generation_config, "num_candidates", None)  # paraphrase() raises it to -n
-    candidates = max(num_candidates or configured or num_return_sequences, num_return_sequences)
-    settings = generation_kwargs(
-        model,
-        longest,
-        num_beams=num_beams,
-        num_return_sequences=1 if diverse else candidates,  # without novelty: one beam per candidate
-        max_new_tokens=max_new_tokens,
-    )
-    settings["num_return_sequences"] = num_return_sequences
-    given = {"novelty": novelty, "keep_details": keep_details, "rank_by": rank_by, "num_candidates": num_candidates}
+    sources = [text.strip() for text in texts]
+    limit, _ = input_limit(model, tokenizer)
+    longest = max((min(len(ids), limit) for ids in tokenizer(sources, verbose=False)["input_ids"]), default=0)
+    longest = max(0, longest - tokenizer.num_special_tokens_to_add())  # of the text, special tokens not counted
+    settings = {"max_new_tokens": new_tokens(model, longest, max_new_tokens), "max_length": None}
+    given = {"num_beams": num_beams, "num_return_sequences": num_return_sequences, "novelty": novelty,
+             "keep_details": keep_details, "rank_by": rank_by, "num_candidates": num_candidates,
+             "similarity": similarity}  # fmt: skip
     settings |= {key: value for key, value in given.items() if value is not None}
-    if similarity is not None:
-        settings["similarity"] = similarity
+    numbers = range(first_index, first_index + len(sources))
     with warnings.catch_warnings():  # the pipeline's own warning of fewer candidates: said below, numbered by line
         warnings.simplefilter("ignore", FewerCandidatesWarning)
-        found = paraphraser(sources, batch_size=len(sources), **settings)
-    for offset, candidates in zip(todo, found):
+        found = paraphraser(sources, batch_size=max(1, len(sources)), input_numbers=numbers, **settings)
+    for number, source, candidates in zip(numbers, sources, found):
         for candidate in candidates:  # one line each: no tabs or newlines inside
             candidate["generated_text"] = " ".join(candidate["generated_text"].split())
-        if len(candidates) < num_return_sequences:  # novelty keeps only distinct candidates that are not the input
+        # novelty keeps only distinct candidates that are not the input; an unreadable input has none, said already
+        if len(candidates) < num_return_sequences and not unreadable(tokenizer, source):
             logger.warning(
                 "input %d: %d of %d candidates: the beam searches found no more that differ from each other and from "
                 "the input (more --num-beams may find more)",
-                first_index + offset,
+                number,
                 len(candidates),
                 num_return_sequences,
             )
-        results[offset] = candidates
-    return results
+    return found
 
 
 def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -257,8 +239,8 @@ def _number(text: str) -> float | None:
 
 
 def parse_ranking(text: str) -> str | dict[str, float]:
-    """--rank-by: a ranking's name (`generation_cdnpg.RANKINGS`) as it is, or weights `part=number,...` as a dict;
-    checked (`generation_cdnpg.ranking_weights`). A ValueError of one line otherwise."""
+    """--rank-by: parts joined by "+" as they are, or weights `part=number,...` as a dict; checked
+    (`generation_cdnpg.ranking_weights`). A ValueError of one line otherwise."""
     from modeling_cdnpg.generation_cdnpg import ranking_weights
 
     if "=" not in text:
@@ -299,7 +281,7 @@ def default_similarity_model() -> str:
 def load_similarity(args: argparse.Namespace, model: PreTrainedModel) -> SentenceSimilarity | None:
     """The sentence embedder the ranking (--rank-by, else the model's generation_config.rank_by) needs, on the
     model's device: --similarity-model, else `default_similarity_model`; None for a ranking that needs none."""
-    from modeling_cdnpg.generation_cdnpg import SentenceSimilarity
+    from cdnpg.ranking import SentenceSimilarity
 
     ranking = (
         parse_ranking(args.rank_by) if args.rank_by is not None else getattr(model.generation_config, "rank_by", None)
@@ -350,7 +332,7 @@ def run_paraphrase(args: argparse.Namespace) -> int:
     written, reported = 0, set()
     try:
         with (
-            logging_redirect_tqdm(loggers=[logging.getLogger("cdnpg")]),
+            logging_redirect_tqdm(loggers=[logging.getLogger(name) for name in LOGGERS]),
             warnings.catch_warnings(record=True) as caught,
         ):
             warnings.simplefilter("always")  # the model's warnings (e.g. "no z"), once each, as the command's

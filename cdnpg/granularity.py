@@ -6,7 +6,7 @@ self-attention (and, optionally, every decoder self-attention over the model's o
 pieces into words; :mod:`cdnpg.figures` draws the result.
 
 Aggregation rule: a word's z is the largest z of its word pieces, words and z per word computed by the functions
-decoding weighs words with (`generation_cdnpg.word_positions`, `word_detail`): a word is as much a detail as its
+decoding weighs words with (`generation_cdnpg.word_starts`, `word_detail`): a word is as much a detail as its
 most detailed piece, and "?" after a word is a word of its own with every tokenizer. Chosen by measurement against the mean on the tuning half (docs/novelty.md);
 special tokens ([CLS], [SEP], ...) are omitted.
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from cdnpg.inference import decoding_name, encode, generation_kwargs, input_limit, longest_text_length
-from modeling_cdnpg.generation_cdnpg import DEFAULT_LAYER, word_detail, word_positions, word_starts
+from modeling_cdnpg.generation_cdnpg import DEFAULT_LAYER, word_detail, word_starts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -55,6 +55,26 @@ class LayerRow:
     z: list[float]
     sentence: str
     description: str
+
+
+def word_positions(
+    tokenizer: PreTrainedTokenizerBase, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None
+) -> list[list[list[int]]]:
+    """Per row of `input_ids` (b, s), the positions of each word's pieces (decoding's word rule,
+    `generation_cdnpg.word_starts`), in order; special tokens and padding belong to no word."""
+    starts = word_starts(tokenizer, input_ids).tolist()
+    special = set(tokenizer.all_special_ids)
+    mask = attention_mask.tolist() if attention_mask is not None else [[1] * len(row) for row in starts]
+    rows = []
+    for ids, row_starts, row_mask in zip(input_ids.tolist(), starts, mask):
+        words: list[list[int]] = []
+        for position, (token, start, real) in enumerate(zip(ids, row_starts, row_mask)):
+            if real and token not in special:
+                if start or not words:
+                    words.append([])
+                words[-1].append(position)
+        rows.append(words)
+    return rows
 
 
 def _span_text(text: str, offsets: Sequence[tuple[int, int]], positions: list[int]) -> str:
@@ -117,7 +137,7 @@ def word_granularities(
 
     Decoder rows teacher-force the model's own paraphrase of `text`, decoded with its generation_config
     (`num_beams`, `max_new_tokens` override it): z of decoder position t belongs to the paraphrase token fed at t.
-    Words are decoding's (`generation_cdnpg.word_positions`); an over-long `text` is truncated to what the model
+    Words are decoding's (`word_positions`); an over-long `text` is truncated to what the model
     takes, with a warning.
     """
     _check_model(model)

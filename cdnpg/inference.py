@@ -1,5 +1,6 @@
 """Inference helpers the `cdnpg` command line and the granularity figure share: how long an input the model takes
-(and the warning when one is cut), and the generation settings (length and beams) for a batch.
+(and the warning when one is cut: the pipeline's, `pipeline_cdnpg.input_limit` and `truncated`), and the generation
+settings (length and beams) for a batch.
 """
 
 from __future__ import annotations
@@ -8,30 +9,15 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from modeling_cdnpg.pipeline_cdnpg import NO_LIMIT  # the pipeline's: one "no real limit" for both
+from modeling_cdnpg.pipeline_cdnpg import NO_LIMIT, input_limit, truncated  # one input rule for the CLI and pipeline
 
 if TYPE_CHECKING:
     from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
-
-def input_limit(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, str]:
-    """The most input tokens (specials included) the model can take, and where that limit comes from.
-
-    The learned position table (`max_position_embeddings`) is the hard limit; a tokenizer that declares a smaller
-    `model_max_length` lowers it. The paper's 20-token truncation is a preprocessing choice, deliberately not applied.
-    """
-    limit, reason = None, ""
-    positions = getattr(model.config, "max_position_embeddings", None)
-    if positions:
-        limit, reason = int(positions), f"the model's max_position_embeddings={positions}"
-    tokenizer_max = getattr(tokenizer, "model_max_length", None)
-    if tokenizer_max and tokenizer_max < NO_LIMIT and (limit is None or tokenizer_max < limit):
-        limit, reason = int(tokenizer_max), f"the tokenizer's model_max_length={tokenizer_max}"
-    if limit is None:
-        limit, reason = NO_LIMIT, "no limit declared"
-    return limit, reason
+__all__ = ["decoding_name", "encode", "generation_kwargs", "input_limit", "longest_text_length", "new_tokens",
+           "warn_long_inputs"]  # fmt: skip
 
 
 def warn_long_inputs(
@@ -41,7 +27,7 @@ def warn_long_inputs(
     reason: str,
     numbers: Sequence[int] | None = None,
 ) -> int:
-    """One warning per input longer than the model takes (it will be truncated to `limit` tokens); returns the
+    """One warning per input longer than the model takes (`truncated`: the pipeline says the same); returns the
     longest input's length in tokens after truncation, special tokens not counted.
 
     `numbers` names the inputs in the warnings (default 1, 2, ...), e.g. their line numbers in the input file.
@@ -50,14 +36,8 @@ def warn_long_inputs(
     longest = 0
     # verbose=False: this warning replaces transformers' own "sequence length is longer than" one
     for number, ids in zip(numbers, tokenizer(list(texts), verbose=False)["input_ids"]):
-        if len(ids) > limit:
-            logger.warning(
-                "input %d has %d tokens, more than the model takes: truncated to its first %d tokens (%s)",
-                number,
-                len(ids),
-                limit,
-                reason,
-            )
+        if note := truncated(len(ids), limit, reason):
+            logger.warning("input %d %s", number, note)
         longest = max(longest, min(len(ids), limit))
     return max(0, longest - tokenizer.num_special_tokens_to_add())
 
@@ -82,23 +62,12 @@ def encode(
     )
 
 
-def generation_kwargs(
-    model: PreTrainedModel,
-    input_tokens: int,
-    num_beams: int | None = None,
-    num_return_sequences: int = 1,
-    max_new_tokens: int | None = None,
-) -> dict[str, int | None]:
-    """Keyword arguments for `model.generate`: the model's generation_config unless overridden, within what fits.
-
-    `input_tokens`: the longest input of the batch in tokens, special tokens excluded.
-    Length: `max_new_tokens` if given. Otherwise the generation_config's length (`max_new_tokens`, or `max_length`;
-    20 new tokens for C-DNPG, the paper's setting), raised to `input_tokens` for a longer input so that its paraphrase
-    is not cut at the paper's 20 tokens; 2 × `input_tokens` + 10 when the config sets no length. Never more than the
-    decoder's position table holds (`max_position_embeddings` - 1: the start token takes one position).
-    Beams: `num_beams` if given, else the generation_config's (1 if unset), raised to `num_return_sequences` when
-    that is larger (beam search returns at most one sequence per beam).
-    """
+def new_tokens(model: PreTrainedModel, input_tokens: int, max_new_tokens: int | None = None) -> int:
+    """How many tokens a paraphrase may have: `max_new_tokens` if given. Otherwise the generation_config's length
+    (`max_new_tokens`, or `max_length`; 20 new tokens for C-DNPG, the paper's setting), raised to `input_tokens` (the
+    longest input of the batch, special tokens excluded) so that a longer input's paraphrase is not cut at the
+    paper's 20 tokens; 2 × `input_tokens` + 10 when the config sets no length. Never more than the decoder's
+    position table holds (`max_position_embeddings` - 1: the start token takes one position)."""
     config = model.generation_config
     positions = getattr(model.config, "max_position_embeddings", None)
     cap = int(positions) - 1 if positions else NO_LIMIT
@@ -117,20 +86,17 @@ def generation_kwargs(
         length = max(config.max_length - 1, input_tokens)
     else:
         length = 2 * input_tokens + 10
-    length = max(1, min(length, cap))
-    beams = num_beams if num_beams is not None else (config.num_beams or 1)
-    if num_return_sequences > beams and not config.do_sample:
-        if num_beams is not None:
-            raise ValueError(f"num_return_sequences={num_return_sequences} cannot exceed num_beams={num_beams}")
-        logger.info("using %d beams to return %d sequences", num_return_sequences, num_return_sequences)
-        beams = num_return_sequences
-    # max_length=None: max_new_tokens alone decides, without transformers' "both were set" warning
-    return {
-        "num_beams": beams,
-        "num_return_sequences": num_return_sequences,
-        "max_new_tokens": length,
-        "max_length": None,
-    }
+    return max(1, min(length, cap))
+
+
+def generation_kwargs(
+    model: PreTrainedModel, input_tokens: int, num_beams: int | None = None, max_new_tokens: int | None = None
+) -> dict[str, int | None]:
+    """Keyword arguments for `model.generate` of one paraphrase: `num_beams` if given, else the generation_config's
+    (1 if unset), and the length of `new_tokens`. max_length=None: max_new_tokens alone decides, without
+    transformers' "both were set" warning."""
+    beams = num_beams if num_beams is not None else (model.generation_config.num_beams or 1)
+    return {"num_beams": beams, "max_new_tokens": new_tokens(model, input_tokens, max_new_tokens), "max_length": None}
 
 
 def longest_text_length(tokenizer: PreTrainedTokenizerBase, batch: BatchEncoding) -> int:

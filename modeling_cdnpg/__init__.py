@@ -5,15 +5,15 @@
 - `register_for_auto_class` makes `save_pretrained` / `push_to_hub` copy the model code into the checkpoint and
   write its `auto_map`, so that it loads anywhere with `trust_remote_code=True`;
 - the text2text-generation pipeline is registered with transformers' pipeline registry;
-- `paraphrase` (ranked, diverse candidates) and `granularity_processors` (the z rules for `generate()`) are
-  granularity-aware paraphrasing (`generation_cdnpg.py`).
+- `paraphrase` (ranked, diverse candidates, its settings a `ParaphraseSettings`) and `granularity_processors` (the
+  z rules for `generate()`) are granularity-aware paraphrasing (`generation_cdnpg.py`).
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from .configuration_cdnpg import GRANULARITY_MASK_MODES, GRANULARITY_MASKS, CDNPGConfig
-from .generation_cdnpg import granularity_processors, paraphrase
+from .generation_cdnpg import ParaphraseSettings, granularity_processors, paraphrase
 from .modeling_cdnpg import (
     CDNPGDecoder,
     CDNPGEncoder,
@@ -48,6 +48,7 @@ __all__ = [
     "CDNPGPreTrainedModel",
     "CDNPGText2TextPipeline",
     "GranularityHead",
+    "ParaphraseSettings",
     "granularity_mask",
     "granularity_processors",
     "paraphrase",

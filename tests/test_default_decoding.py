@@ -1,4 +1,4 @@
-"""A checkpoint's default paraphrasing (issue 40 item 4): run.py's --generation_novelty / --generation_keep_details go
+"""A checkpoint's default paraphrasing: run.py's --generation_novelty / --generation_keep_details go
 into the generation config, the test split is decoded with them as the pipeline decodes the checkpoint called without
 arguments, the card says so, and the shipped warm recipe is what the stated rule picks from the measured table."""
 

@@ -1,5 +1,4 @@
-"""generate() is transformers' own (issue 40, item 1), and one word rule serves decoding, the granularity figure and
-`high_z_words` (item 2).
+"""generate() is transformers' own, and one word rule serves decoding, the granularity figure and `high_z_words`.
 
 The model's `generate()` is compared with BART's of the same tiny size, option by option: what one returns, the other
 returns in the same form. The word rule runs on WordPiece and on a byte-level BPE tokenizer (BART's kind, trained here
@@ -19,13 +18,12 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 
 from cdnpg.data import train_wordpiece_tokenizer
-from cdnpg.granularity import high_z_words, word_granularities
+from cdnpg.granularity import high_z_words, word_granularities, word_positions
 from cdnpg.training.baselines import bart_like
 from modeling_cdnpg.generation_cdnpg import (
     granularity_processors,
     paraphrase,
     source_ngrams,
-    word_positions,
     word_starts,
 )
 from tests.conftest import BOS, EOS, PAD, tiny_config, tiny_model

