@@ -782,13 +782,13 @@ def test_cli_keep_details_prints_what_the_pipeline_returns_with_its_score(checkp
 
 
 @pytest.mark.slow
-def test_benchmark_quick_scores_every_setting_against_beam_search_and_draws_the_figure(checkpoint, tmp_path):
+def test_benchmark_quick_scores_every_setting_against_beam_search_and_reports_them(checkpoint, tmp_path, capsys):
     """`benchmarks/novelty.py --quick` on the tiny checkpoint: every family of settings decoded and scored, the anchors,
-    the candidates, the figure. No quality is asserted (a random model says nothing), except what holds by
+    the candidates, and report.py's table of them. No quality is asserted (a random model says nothing), except what holds by
     construction: copying the source keeps every detail, beam search is its own time reference, novelty copies
     nothing whole."""
     files = write_template_corpus(tmp_path / "data", num_train=80, num_valid=24, num_test=2, seed=0)
-    out, figure = tmp_path / "novelty", tmp_path / "novelty.png"
+    out = tmp_path / "novelty"
     completed = subprocess.run(
         [
             sys.executable, str(ROOT / "benchmarks" / "novelty.py"), str(checkpoint), "--quick",
@@ -829,8 +829,10 @@ def test_benchmark_quick_scores_every_setting_against_beam_search_and_draws_the_
     assert rows["novelty 0.5 (5 candidates)"]["metrics"]["copies_percent"] == 0
     from tests.test_quality_smoke import load_benchmark
 
-    load_benchmark("report").main([str(out / "runs-report.jsonl"), "--plot", str(figure)])  # the one that draws
-    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    load_benchmark("report").main([str(out / "runs-report.jsonl")])
+    table = capsys.readouterr().out
+    assert "| beam search |" in table and "| novelty 0.5 |" in table
 
 
 def test_benchmark_settings_decodes_only_those_named_with_beam_search_and_refuses_an_unknown_one(checkpoint, tmp_path):
