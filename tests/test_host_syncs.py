@@ -9,11 +9,11 @@ and boolean indexing; `Tensor.tolist`, which reads memory without dispatching, i
 
 import pytest
 import torch
-from conftest import cache_of, tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
 from modeling_cdnpg import CDNPGForConditionalGeneration
+from tests.conftest import cache_of, tiny_config
 
 DATA_DEPENDENT = {"nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
 
