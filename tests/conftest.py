@@ -109,7 +109,7 @@ def tokenizer_dir(tmp_path_factory) -> str:
 # Tiny trained paraphrasers: what a decoding test needs
 # ------------------------------------------------------------------------------------------------------------------
 
-PARAPHRASER_STEPS = 150  # at lr 6e-3 the training loss falls from 6 to about 0.25: fluent template paraphrases
+PARAPHRASER_STEPS = 250  # the training loss falls from 6 to about 0.1: fluent template paraphrases, seconds per mask
 PARAPHRASER_SEEDS = (0, 1, 2, 3)  # tried in turn until one trains a model that the decoding tests can rely on
 SOURCES = [
     "how can i get from paris to rome by train ?",
@@ -165,7 +165,7 @@ def train_tiny_paraphraser(
         sizes = dict(d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.0, attention_dropout=0.0)
         config = tiny_config(**model_token_ids(tokenizer), **sizes, granularity_mask=granularity_mask, **overrides)
         model = CDNPGForConditionalGeneration(config)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         batches = torch.Generator().manual_seed(seed)
         for _ in range(steps):
             rows = torch.randint(0, len(corpus), (32,), generator=batches)

