@@ -276,6 +276,7 @@ class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` with the paper's recipe (Section 4.2) as defaults."""
 
     output_dir: str = field(default="runs/cdnpg", metadata={"help": "Checkpoint, predictions and metrics go here."})
+    num_train_epochs: float = field(default=30, metadata={"help": "Paper: 30 epochs (--max_steps overrides it)."})
     learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate (paper: 5e-5)."})
     lr_scheduler_type: str = field(default="linear", metadata={"help": "Paper: linear decay after warm-up."})
     warmup_steps: float = field(default=5000, metadata={"help": "Linear warm-up steps (paper: 5,000)."})
@@ -323,6 +324,11 @@ class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self):
+        if self.max_steps <= 0 and self.max_steps != -1:  # transformers would train --num_train_epochs instead
+            raise ValueError(
+                f"--max_steps must be a number of steps above 0, or -1 (the default) to train --num_train_epochs "
+                f"epochs; got {self.max_steps}"
+            )
         for name in ("generation_novelty", "generation_keep_details"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
@@ -429,14 +435,15 @@ def parse_args(
 def check_stages(model_args: ModelArguments, training_args: CDNPGTrainingArguments) -> None:
     """A run trains, or evaluates a model that exists: never an untrained one, saved as if it were a result.
 
-    TrainingArguments turns `do_eval` on by itself whenever `eval_strategy` is not "no" (the default here), so a run
-    given no stage flag at all would evaluate and save a freshly initialised model and exit 0.
+    As in transformers' example scripts (run_translation.py), the stages are flags: --do_train, --do_eval,
+    --do_predict. TrainingArguments turns `do_eval` on by itself whenever `eval_strategy` is not "no" (the default
+    here), so a run given no stage flag at all would evaluate and save a freshly initialised model and exit 0.
     """
     if not training_args.do_train and not (model_args.model_name_or_path or model_args.init_from):
         raise UsageError(
-            "no --do_train: this run would evaluate and save an untrained model. Add the stage flags to run "
-            "(--do_train --do_eval --do_predict, as training/configs/paper.yaml sets them), or give "
-            "--model_name_or_path to evaluate a trained model"
+            "no --do_train: this run would evaluate and save an untrained model. As in transformers' example "
+            "scripts, the stages are flags: add --do_train (and --do_eval --do_predict to evaluate and score it, as "
+            "training/configs/paper.yaml does), or give --model_name_or_path to evaluate a trained model"
         )
 
 
