@@ -8,6 +8,7 @@ their own (an interrupted one, one that fails, one that replaces another) start 
 
 import json
 import os
+import runpy
 import shlex
 import shutil
 import signal
@@ -375,19 +376,23 @@ def test_a_missing_model_path_is_named_without_a_traceback(tmp_path):
     assert line == f"--model_name_or_path {missing}: no such model directory"
 
 
-def test_run_py_names_a_missing_model_that_looks_like_a_hub_id_in_one_line(tmp_path):
+def test_run_py_names_a_missing_model_that_looks_like_a_hub_id_in_one_line(tmp_path, monkeypatch, capsys):
     """`runs/nonexistent` from a folder without runs/ reads as a Hub id: with the Hub unreachable (here a closed local
-    port) the command line names the flag and the path in one line, before any data work, and exits 1."""
-    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9"}
-    env.pop("HF_HUB_OFFLINE", None)
-    result = subprocess.run(
-        [sys.executable, str(RUN_PY), "--model_name_or_path", "runs/nonexistent", "--do_predict"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    (line,) = [line for line in result.stderr.splitlines() if "error" in line]
-    assert line.startswith("run.py: error: --model_name_or_path runs/nonexistent: no such model directory")
-    assert "cannot be reached" in line
+    port) training/run.py itself (its `__main__`, run in this process) names the flag and the path in one line,
+    before any data work, and exits 1."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(RUN_PY), "--model_name_or_path", "runs/nonexistent", "--do_predict"])
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(RUN_PY), run_name="__main__")
+    assert str(stop.value.code).startswith(
+        "run.py: error: --model_name_or_path runs/nonexistent: no such model directory"
+    )
+    assert "cannot be reached" in str(stop.value.code) and "\n" not in str(stop.value.code)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_data_file_without_the_named_column_is_one_error_line_naming_it_and_the_flags(tmp_path):
