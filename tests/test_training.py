@@ -147,6 +147,11 @@ def test_bad_arguments_name_the_problem(tmp_path):
     assert "--dataset files needs --train_file" in error_line(["--output_dir", str(tmp_path), "--dataset", "files"])
     line = error_line(["--output_dir", str(tmp_path), "--granularity_mask", "both", *TINY, "--do_train"])
     assert "granularity_mask must be one of" in line
+    # transformers' own check, whose message spans lines, on one line too
+    line = error_line(["--output_dir", str(tmp_path), "--do_train", "--eval_strategy", "no"])
+    assert (
+        line.startswith("--load_best_model_at_end requires the save and eval strategy to match") and "\n" not in line
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -250,10 +255,10 @@ def test_ctrl_c_names_the_checkpoint_and_its_command_resumes_to_the_weights_of_t
     last = line.split("the last checkpoint is ")[1].split(". Resume with: ")[0]
     assert last == str(output / "checkpoint-2") and not (output / "model.safetensors").exists()
     command = shlex.split(line.split("Resume with: ")[1])
-    assert command[:2] == ["python", str(PROBE)] and command[2:-2] == argv
+    assert command[:2] == [sys.executable, str(PROBE)] and command[2:-2] == argv  # started from tmp_path
     assert command[-2:] == ["--resume_from_checkpoint", last]
 
-    resumed_run = run(command[2:])
+    resumed_run = run(command[2:], launcher=command[:1])
     assert "missing keys" not in resumed_run.stderr  # the tied embedding copies are stored once, not missing
     expected, resumed = load_file(straight / "model.safetensors"), load_file(output / "model.safetensors")
     assert expected.keys() == resumed.keys()

@@ -428,8 +428,8 @@ def parse_args(
         return parser.parse_args_into_dataclasses(args=argv)
     except UsageError:
         raise
-    except ValueError as error:  # raised by a dataclass's checks (TrainingArguments', CDNPGConfig's)
-        raise UsageError(str(error)) from error
+    except ValueError as error:  # raised by a dataclass's checks (TrainingArguments', CDNPGConfig's), on one line
+        raise UsageError(" ".join(line.strip() for line in str(error).splitlines() if line.strip())) from error
 
 
 def check_stages(model_args: ModelArguments, training_args: CDNPGTrainingArguments) -> None:

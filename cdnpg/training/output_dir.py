@@ -47,16 +47,19 @@ def last_complete_checkpoint(folder: Path) -> str | None:
 
 
 def rerun_command(argv: Sequence[str], *flags: str) -> str:
-    """The command that started this run (its flags `argv`), with `flags` in place of any `--resume_from_checkpoint`
-    and `--overwrite_output_dir` it had."""
+    """The command that started this run (its flags `argv`, this Python), with `flags` in place of any
+    `--resume_from_checkpoint` and `--overwrite_output_dir` it had."""
     given, replaced = list(argv), ("--resume_from_checkpoint", "--overwrite_output_dir")
     for flag in replaced:
         if flag in given:  # the flag and its value make way for the new ones
             at = given.index(flag)
             del given[at : at + 2]
     given = [arg for arg in given if not arg.startswith(tuple(f"{flag}=" for flag in replaced))]
-    launcher = "<the same launch command>" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python"
-    return f"{launcher} {shlex.join([sys.argv[0], *given, *flags])}"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"<the same launch command> {shlex.join([sys.argv[0], *given, *flags])}"
+    python = Path(sys.executable)  # this interpreter, as it runs from here: .venv/bin/python in a checkout
+    python = python.relative_to(Path.cwd()) if python.is_relative_to(Path.cwd()) else python
+    return shlex.join([str(python), sys.argv[0], *given, *flags])
 
 
 class TrainingInterrupted(KeyboardInterrupt):
