@@ -74,6 +74,7 @@ def ddp_runs(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
     return {name: folder / name for name in ("single", "eager", "compiled")}
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_two_cpu_processes_report_the_loss_of_one_and_end_with_identical_weights(ddp_runs):
     eager, single = ddp_runs["eager"], ddp_runs["single"]
@@ -92,6 +93,7 @@ def test_two_cpu_processes_report_the_loss_of_one_and_end_with_identical_weights
     assert "x 2 devices (DDP)" in (eager / "README.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_an_fsdp_config_on_cpu_trains_as_ddp_and_says_so(ddp_runs):
     """What accelerate 1.15 does with the shipped fsdp.yaml and --use_cpu true: 2 connected processes, plain DDP
@@ -100,6 +102,7 @@ def test_an_fsdp_config_on_cpu_trains_as_ddp_and_says_so(ddp_runs):
     assert "The accelerate config asks for FSDP, but these 2 processes train as DDP" in log
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_two_ddp_processes_run_every_stage_and_predict_what_one_process_predicts(ddp_runs, tmp_path):
     trained = ddp_runs["eager"]
@@ -122,6 +125,7 @@ def test_two_ddp_processes_run_every_stage_and_predict_what_one_process_predicts
     assert results(trained, "eval")["eval_loss"] == pytest.approx(results(single, "eval")["eval_loss"], rel=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_two_ddp_processes_train_compiled_as_they_train_eager(ddp_runs):
     """run.py --torch_compile true under `accelerate launch`: both ranks train the model as one compiled graph
@@ -145,6 +149,7 @@ def test_two_ddp_processes_train_compiled_as_they_train_eager(ddp_runs):
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_processes_that_accelerate_did_not_connect_are_refused(tmp_path):
     """`accelerate launch` with the FSDP config and no --use_cpu on a machine without GPUs starts 2 processes that

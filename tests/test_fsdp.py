@@ -89,6 +89,7 @@ def fsdp_run(tmp_path_factory, tokenizer_dir) -> Path:
     return output
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_the_shipped_fsdp_config_trains_every_stage_as_fsdp2_and_saves_an_ordinary_checkpoint(fsdp_run):
     log = (fsdp_run / "launch.log").read_text()
@@ -106,6 +107,7 @@ def test_the_shipped_fsdp_config_trains_every_stage_as_fsdp2_and_saves_an_ordina
         assert [name for name in TIED_EMBEDDING if name in stored] == ["model.shared.weight"]
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_the_fsdp_model_loads_in_one_process_and_predicts_what_the_two_processes_predicted(fsdp_run):
     from transformers import AutoModelForSeq2SeqLM, pipeline
@@ -127,6 +129,7 @@ def test_the_fsdp_model_loads_in_one_process_and_predicts_what_the_two_processes
         assert value == pytest.approx(fsdp_scores[key], rel=1e-9, abs=1e-12), key
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_an_fsdp_run_resumed_from_a_full_state_dict_checkpoint_ends_with_the_weights_of_the_straight_run(
     tmp_path, tokenizer_dir, fsdp_run
@@ -140,6 +143,7 @@ def test_an_fsdp_run_resumed_from_a_full_state_dict_checkpoint_ends_with_the_wei
     assert rows(output / "predictions.jsonl") == rows(fsdp_run / "predictions.jsonl")
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_an_fsdp_run_killed_after_a_sharded_checkpoint_resumes_to_the_weights_of_an_uninterrupted_one(
     tmp_path, tokenizer_dir, fsdp_run
@@ -285,6 +289,7 @@ def parity_process(rank: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_one_fsdp2_step_on_two_processes_is_one_step_on_the_whole_batch_and_generates_alike(tmp_path):
     """Also the FSDP2 limitations that cdnpg/training/workarounds.py works around (`upstream_fsdp2_limitations`)."""

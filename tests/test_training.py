@@ -88,10 +88,15 @@ DOCUMENTED_FLAGS = [
 ]  # fmt: skip
 
 
+# the tests of the documented run, which takes seconds: one pytest-xdist worker runs them all, so that one builds it
+# (`--dist loadgroup`, as scripts/test.sh runs the suite)
+ON_DOCUMENTED_RUN = pytest.mark.xdist_group("documented_run")
+
+
 @pytest.fixture(scope="module")
 def documented_run(tmp_path_factory) -> tuple[list[str], Path, str]:
     """training/run.py as its docstring shows it, the paper's recipe on pair files in a folder of the user's, with a
-    tiny model: its flags, its output folder and its log. Every process under pytest-xdist makes its own."""
+    tiny model: its flags, its output folder and its log."""
     folder = tmp_path_factory.mktemp("documented")
     files = pair_files(folder / "mydata", num_test=48)
     argv = [*docstring_command(files, folder / "out"), *DOCUMENTED_FLAGS]
@@ -159,6 +164,8 @@ def test_bad_arguments_name_the_problem(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
 def test_the_docstring_command_trains_on_the_given_files(documented_run):
     argv, output, _ = documented_run
     test_file = Path(argv[argv.index("--test_file") + 1])
@@ -169,6 +176,8 @@ def test_the_docstring_command_trains_on_the_given_files(documented_run):
     assert "template" not in yaml.safe_load(card.split("---")[1])["datasets"]
 
 
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
 def test_run_py_writes_a_hub_ready_checkpoint_predictions_and_metrics(documented_run):
     _, output, _ = documented_run
     assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "tokenizer.json", "README.md"} <= {
@@ -191,6 +200,8 @@ def test_run_py_writes_a_hub_ready_checkpoint_predictions_and_metrics(documented
     assert type(AutoModelForSeq2SeqLM.from_pretrained(output)).__name__ == "CDNPGForConditionalGeneration"
 
 
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
 def test_the_trained_checkpoint_is_calibrated_and_its_card_says_what_was_kept(documented_run, monkeypatch):
     _, output, _ = documented_run
     generation = json.loads((output / "generation_config.json").read_text())
@@ -213,6 +224,8 @@ def test_the_trained_checkpoint_is_calibrated_and_its_card_says_what_was_kept(do
         assert paraphraser("what is the capital of france ?", novelty=0.5, num_beams=2, max_new_tokens=4)
 
 
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
 def test_a_plain_run_logs_no_warning_caused_by_its_own_settings(documented_run):
     """The Seq2SeqTrainer wrote GenerationConfig's default max_length beside the checkpoint's max_new_tokens after the
     first predict batch, and generate() warned at every later one; nothing of the run's own making may warn. The
@@ -223,6 +236,8 @@ def test_a_plain_run_logs_no_warning_caused_by_its_own_settings(documented_run):
     assert len(rows(output / "predictions.jsonl")) == 48
 
 
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
 def test_ctrl_c_names_the_checkpoint_and_its_command_resumes_to_the_weights_of_the_uninterrupted_run(
     documented_run, tmp_path
 ):
@@ -276,6 +291,8 @@ def earlier_run(documented_run, tmp_path) -> Path:
     return Path(shutil.copytree(documented_run[1], tmp_path / "out"))
 
 
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
 def test_a_reused_output_dir_is_refused_and_overwriting_removes_the_earlier_run(documented_run, tmp_path):
     output = earlier_run(documented_run, tmp_path)
     (output / "tokenizer" / "earlier-run").write_text("")  # the earlier run's vocabulary must not be reused
@@ -294,6 +311,8 @@ def test_a_reused_output_dir_is_refused_and_overwriting_removes_the_earlier_run(
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]  # the earlier run's files removed
 
 
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
 def test_overwriting_never_removes_the_model_or_data_the_run_reads(documented_run, tmp_path):
     output = earlier_run(documented_run, tmp_path)
     saved = (output / "model.safetensors").read_bytes()
@@ -312,6 +331,8 @@ def test_overwriting_refuses_a_folder_that_holds_no_training_run(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
 def test_a_checkpoint_without_optimizer_state_is_refused_for_resuming_with_the_reason(documented_run, tmp_path):
     """A checkpoint as --save_only_model saves it: the weights without the optimizer and schedule."""
     checkpoint = Path(shutil.copytree(documented_run[1] / "checkpoint-6", tmp_path / "out" / "checkpoint-6"))
