@@ -227,9 +227,9 @@ def test_the_trained_checkpoint_is_calibrated_and_its_card_says_what_was_kept(do
 @pytest.mark.slow
 @ON_DOCUMENTED_RUN
 def test_a_plain_run_logs_no_warning_caused_by_its_own_settings(documented_run):
-    """The Seq2SeqTrainer wrote GenerationConfig's default max_length beside the checkpoint's max_new_tokens after the
-    first predict batch, and generate() warned at every later one; nothing of the run's own making may warn. The
-    documented run evaluates 3 times and predicts 3 batches."""
+    """Nothing of the run's own making warns: not generate() about a max_length beside the checkpoint's
+    max_new_tokens (workarounds.generation_config_kept), not DDP, not the data loader. The documented run evaluates 3
+    times and predicts 3 batches."""
     _, output, log = documented_run
     for noise in ("seem to have been set", "deprecat", "find_unused_parameters", "pin_memory"):
         assert noise not in log.lower(), noise
@@ -241,7 +241,7 @@ def test_a_plain_run_logs_no_warning_caused_by_its_own_settings(documented_run):
 def test_ctrl_c_names_the_checkpoint_and_its_command_resumes_to_the_weights_of_the_uninterrupted_run(
     documented_run, tmp_path
 ):
-    """Ctrl-C during training: one line and the exit code 130 of an interrupt (not a 97-line traceback), naming the
+    """Ctrl-C during training: one line and the exit code 130 of an interrupt (no traceback), naming the
     last checkpoint and the command that resumes from it; that command, run as printed, ends with the weights of the
     run that was never interrupted: same data order, dropout masks and optimizer state."""
     straight_argv, straight, _ = documented_run
@@ -504,8 +504,8 @@ AMX = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n"
 @pytest.mark.parametrize("cpuinfo, warned", [(AVX2_ONLY, True), (AVX512_BF16, False), (AMX, False), ("", False)])
 @pytest.mark.parametrize("bf16", [True, False])
 def test_bf16_on_a_cpu_that_emulates_it_is_named_in_one_line_with_its_cost_and_remedy(cpuinfo, warned, bf16, caplog):
-    """`--bf16` on a CPU without native bfloat16 ran 15x slower, silently. The CPU's flags are faked both ways; a
-    CPU whose flags cannot be read ("") is not warned about."""
+    """`--bf16` on a CPU without native bfloat16 trains about 15x slower: one line says so. The CPU's flags are faked
+    both ways; a CPU whose flags cannot be read ("") is not warned about."""
     from cdnpg.training import check_bf16_on_cpu
 
     args = parse_args(["--output_dir", "unused", "--use_cpu", "True", "--bf16", str(bf16), "--do_train"])[2]

@@ -237,7 +237,7 @@ def test_the_card_of_a_model_without_copy_says_it_does_not_copy(tmp_path):
 
 
 def test_the_ctrl_c_line_starts_a_line_of_its_own_after_the_progress_bar(tmp_path, monkeypatch, capsys):
-    """tqdm leaves the cursor at the end of its bar (no newline): the interrupt line was glued to it."""
+    """tqdm leaves the cursor at the end of its bar (no newline): the interrupt line starts a line of its own."""
 
     def interrupted_mid_bar(*args, **kwargs):
         sys.stderr.write("\r  5%|5         | 5/100 [00:01<00:19,  4.90it/s]")
@@ -269,7 +269,7 @@ def test_an_output_dir_that_is_a_file_is_one_line_before_any_data_work(tmp_path,
 
 @pytest.mark.parametrize("steps", ["-5", "0"])
 def test_max_steps_below_one_is_refused_except_transformers_minus_one_for_epochs(steps):
-    """transformers reads any max_steps <= 0 as "train num_train_epochs": -5 trained 3 epochs without a word."""
+    """transformers reads any max_steps <= 0 as "train num_train_epochs": -5 would train by epochs without a word."""
     line = error_line(["--do_train", "--max_steps", steps, "--output_dir", "unused"])
     assert line == (
         f"--max_steps must be a number of steps above 0, or -1 (the default) to train --num_train_epochs epochs; "

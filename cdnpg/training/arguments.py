@@ -345,8 +345,8 @@ def configure_logging() -> None:
 class ArgumentParser(HfArgumentParser):
     """`HfArgumentParser` that takes a flag only by its full name and reports a wrong one as a `UsageError`.
 
-    argparse completes a prefix by default (`allow_abbrev`): `max_step: 10` in a recipe trained 10 steps as
-    `max_steps`, and a typo that happened to be a prefix became another setting without a word."""
+    argparse completes a prefix by default (`allow_abbrev`), which reads `max_step: 10` in a recipe as `max_steps`:
+    a typo that is a prefix of a flag would become that setting without a word."""
 
     def __init__(self, dataclass_types: Sequence[type]):
         super().__init__(dataclass_types, allow_abbrev=False)
@@ -451,9 +451,8 @@ def check_arguments(
     model_args: ModelArguments, data_args: DataArguments, training_args: CDNPGTrainingArguments
 ) -> None:
     """What the flags must agree on before any data is read: the stages (`check_stages`), the data files exist and,
-    for pair files, the split each stage reads is given. Without a validation file an evaluating run stopped at its
-    first evaluation with a traceback, after the data and tokenizer work; without a test file --do_predict was
-    skipped."""
+    for pair files, the split each stage reads is given: an evaluating run needs a validation file (the Trainer
+    would stop at its first evaluation, after the data and tokenizer work), --do_predict a test file."""
     check_stages(model_args, training_args)
     for flag in ("train_file", "validation_file", "test_file", "quora_file", "twitter_train_file"):
         if getattr(data_args, flag) and not Path(getattr(data_args, flag)).is_file():

@@ -24,9 +24,9 @@ class GatherForMetrics:
     """`Trainer.gather_function` that is always `accelerator.gather_for_metrics`.
 
     Seq2SeqTrainer.evaluate and .predict (transformers 5.24) switch it to `accelerator.gather`, which keeps the
-    samples accelerate repeats to give every process a full last batch: on 2 processes a test split of 20 pairs came
-    back with the repeats among its predictions. `gather_for_metrics` drops them, so predictions and losses are those
-    of a single process. A class attribute of the Trainer (a data descriptor): the Trainer's assignments are ignored.
+    samples accelerate repeats to give every process a full last batch: the predictions of several processes would
+    hold the repeats too. `gather_for_metrics` drops them, so predictions and losses are those of a single process. A
+    class attribute of the Trainer (a data descriptor): the Trainer's assignments are ignored.
     """
 
     def __get__(self, trainer: Seq2SeqTrainer | None, owner: type | None = None):
@@ -45,8 +45,8 @@ def generation_config_kept(model: PreTrainedModel) -> Iterator[None]:
     """The model's generation config as it was before a prediction step.
 
     Seq2SeqTrainer.prediction_step (transformers 5.24) writes GenerationConfig's defaults into the model's config after
-    each batch (`max_length` 20 among them); beside the checkpoint's `max_new_tokens`, generate() then warned at every
-    later batch that both were set, and the saved generation_config.json carried settings nobody chose."""
+    each batch (`max_length` 20 among them); beside the checkpoint's `max_new_tokens`, generate() would warn at every
+    later batch that both are set, and the saved generation_config.json would carry settings nobody chose."""
     kept = copy.deepcopy(model.generation_config)
     try:
         yield
@@ -72,8 +72,8 @@ def tied_copies_are_not_missing(model: torch.nn.Module) -> None:
     holds too (the tied embedding under `lm_head.weight`, `encoder.embed_tokens.weight`, ...) is not missing.
 
     The Trainer (transformers 5.24) resumes a checkpoint with `load_state_dict(strict=False)` and warns about every
-    missing key; `save_pretrained` stores a tied weight once, so each resume warned that the embedding's other names
-    were missing, though nothing was."""
+    missing key; `save_pretrained` stores a tied weight once, so each resume would warn that the embedding's other
+    names are missing, though nothing is."""
 
     def hook(module: torch.nn.Module, incompatible_keys) -> None:
         parameters = dict(module.named_parameters(remove_duplicate=False))
@@ -97,9 +97,9 @@ def share_tied_embedding_modules(model: torch.nn.Module) -> None:
 
     accelerate 1.15 wraps the input embedding and the LM head of a tied model in one FSDP2 unit, and torch 2.13
     refuses a weight that another unit also holds ("shared with a parameter already managed by another FSDP group"):
-    the encoder's and decoder's own `embed_tokens` modules held it in the root unit. torch's FSDP checkpoints list each
-    parameter under the first module that holds it: a checkpoint that also held `encoder.embed_tokens.weight` failed
-    to resume (KeyError in `set_model_state_dict`), so the state dict leaves out the two extra names."""
+    the encoder's and decoder's own `embed_tokens` modules hold it in the root unit. torch's FSDP checkpoints list each
+    parameter under the first module that holds it: a checkpoint that also held `encoder.embed_tokens.weight` would
+    not resume (KeyError in `set_model_state_dict`), so the state dict leaves out the two extra names."""
     base = getattr(model, "model", None)
     if not (getattr(model.config, "tie_word_embeddings", False) and hasattr(base, "shared")):
         return
@@ -117,7 +117,7 @@ def fsdp_root_unsharded(model: torch.nn.Module) -> Iterator[None]:
     """The root FSDP2 unit's own parameters (positions, embedding LayerNorms) gathered for the body.
 
     FSDP2 (torch 2.13) gathers them in the hooks of the root module's forward; `generate()` (transformers 5.24) and
-    the calibration of z call the encoder directly, past those hooks, and met shards. Each layer and the tied
+    the calibration of z call the encoder directly, past those hooks, and would meet shards. Each layer and the tied
     embedding are FSDP units of their own, gathered by their own hooks. Nothing happens without FSDP."""
     from torch.distributed.fsdp import FSDPModule
 
@@ -136,8 +136,8 @@ def own_class(model: torch.nn.Module) -> type:
 
     `fully_shard` (torch 2.13) gives the model a class of torch's making (`FSDPCDNPGForConditionalGeneration`, defined
     in torch/distributed/fsdp); `save_pretrained` (transformers 5.24) copies the code of the model's class into the
-    checkpoint and names it in config.json's `auto_map`, so FSDP runs saved torch's private files and an auto_map that
-    could not load."""
+    checkpoint and names it in config.json's `auto_map`: an FSDP run would save torch's private files and an auto_map
+    that cannot load."""
     from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(model, FSDPModule):
@@ -149,8 +149,8 @@ def tied_names_aliased(state_dict: dict[str, torch.Tensor], model: PreTrainedMod
     """The tied names of a state dict gathered from FSDP2 shards pointing at their source tensor again.
 
     torch 2.13 gathers each name of a tied weight into a tensor of its own; `save_pretrained` (transformers 5.24)
-    recognizes tied weights by their storage, and stored every copy. Aliased, the checkpoint stores the embedding
-    once, as a single process stores it."""
+    recognizes tied weights by their storage, and would store every copy. Aliased, the checkpoint stores the
+    embedding once, as a single process stores it."""
     tied = model.get_expanded_tied_weights_keys(all_submodels=True)  # {tied name: source name}
     return {name: state_dict.get(tied.get(name), tensor) for name, tensor in state_dict.items()}
 
