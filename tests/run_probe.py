@@ -1,31 +1,40 @@
 """Runs `cdnpg.training.main()` (training/run.py) with test-only callbacks, for the resume and multi-process tests.
 
-    python tests/run_probe.py [--kill_after_step N] RUN_PY_ARGS...
+    python tests/run_probe.py [--kill_after_step N | --wait_after_step N] RUN_PY_ARGS...
 
 --kill_after_step N ends the process abruptly (os._exit) right after the checkpoint of step N is written, as a
-killed job would. At the end of training every process writes `weights-rank{R}.json` (`weights_digest` of its
-parameters, and the graphs and graph breaks torch.compile counted in it) to the output directory, so that a test
-can check that all ranks hold identical weights, that a saved model loads with them, and that a rank trained compiled.
+killed job would. --wait_after_step N waits there instead, after writing `waiting-after-step-N` to the output
+directory, so that a test can interrupt training at a known step. At the end of training every process writes
+`weights-rank{R}.json` (`weights_digest` of its parameters, and the graphs and graph breaks torch.compile counted in
+it) to the output directory, so that a test can check that all ranks hold identical weights, that a saved model loads
+with them, and that a rank trained compiled.
 """
 
 import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-from cdnpg.training import main
+from cdnpg.training import main, one_line_errors
 
 
-class KillAfterSave(TrainerCallback):
-    def __init__(self, step: int):
-        self.step = step
+class StopAfterSave(TrainerCallback):
+    """At the checkpoint of `step`: end the process abruptly (`wait=False`), or wait to be interrupted."""
+
+    def __init__(self, step: int, wait: bool):
+        self.step, self.wait = step, wait
 
     def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
+        if state.global_step != self.step:
+            return
+        if not self.wait:
             os._exit(17)
+        (Path(args.output_dir) / f"waiting-after-step-{self.step}").write_text("")
+        time.sleep(600)
 
 
 def weights_digest(model) -> str:
@@ -52,7 +61,8 @@ class WeightDigest(TrainerCallback):
 if __name__ == "__main__":
     argv = sys.argv[1:]
     callbacks = [WeightDigest()]
-    if argv[:1] == ["--kill_after_step"]:
-        callbacks.append(KillAfterSave(int(argv[1])))
+    if argv[:1] in (["--kill_after_step"], ["--wait_after_step"]):
+        callbacks.append(StopAfterSave(int(argv[1]), wait=argv[0] == "--wait_after_step"))
         argv = argv[2:]
-    main(argv, callbacks=callbacks)
+    with one_line_errors():
+        main(argv, callbacks=callbacks)

@@ -1,16 +1,21 @@
-"""Several processes through `accelerate launch`, as users start them: every stage (train, evaluate, predict) on 2 CPU
-processes with the shipped DDP config gives what one process gives, and processes that accelerate did not connect
-are refused instead of each training alone into the same folder."""
+"""Several processes through `accelerate launch`, as users start them: 2 CPU processes (gloo) run every stage (train,
+evaluate, predict) and give what one process gives, eager and compiled alike; processes that accelerate did not
+connect are refused instead of each training alone into the same folder.
+
+Two launches serve every assertion: `ddp_runs` trains eagerly and compiled, each on 2 processes, beside one run on a
+single process with the same examples per step."""
 
 import json
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from cdnpg.training import main
 from tests.test_training import ROOT, TINY, run
 
 DDP_WRAPPER_BREAK = re.compile(
@@ -23,61 +28,110 @@ FSDP_CONFIG = ROOT / "training" / "configs" / "accelerate" / "fsdp.yaml"
 # 20 test pairs in batches of 3 per process: 7 batches, so the processes get 4 and 3 of them, the last one short
 STAGES = ["--do_train", "--do_eval", "--do_predict", "--template_sizes", "256", "12", "20",
           "--per_device_eval_batch_size", "3", "--generation_num_beams", "2"]  # fmt: skip
+GLOO_ABORT = "terminate called without an active exception"
+
+
+def launch(config: Path, argv: list[str], check: bool = True):
+    """`accelerate launch --config_file CONFIG tests/run_probe.py ARGV` (run.py with the probe's callbacks)."""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                "--main_process_port", "0"]  # fmt: skip
+    result = run(argv, launcher=launcher, check=False)
+    if check and result.returncode != 0 and GLOO_ABORT in result.stderr:
+        # gloo may abort a rank that leaves while rank 0 still scores ("terminate called ..."): once more
+        shutil.rmtree(argv[argv.index("--output_dir") + 1])
+        result = run(argv, launcher=launcher, check=False)
+    if check:
+        assert result.returncode == 0, result.stderr[-4000:]
+    return result
 
 
 def without_timings(metrics: dict[str, float]) -> dict[str, float]:
     return {key: value for key, value in metrics.items() if not key.endswith(("runtime", "per_second", "_time"))}
 
 
+def results(folder: Path, split: str) -> dict[str, float]:
+    return json.loads((folder / f"{split}_results.json").read_text())
+
+
+def logged_losses(output_dir: Path) -> list[float]:
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
+    """Every stage, 4 steps of 16 examples: on one process (`single`), and on 2 processes of 8 each, eagerly
+    (`eager`: the shipped fsdp.yaml, which accelerate trains as DDP on CPUs) and compiled (`compiled`: ddp.yaml)."""
+    folder = tmp_path_factory.mktemp("ddp")
+    common = [*TINY, *STAGES, "--tokenizer_name", tokenizer_dir, "--use_cpu", "True", "--max_steps", "4",
+              "--granularity_mask", "product"]  # fmt: skip
+    main(["--output_dir", str(folder / "single"), *common, "--per_device_train_batch_size", "16"])
+    two = [*common, "--per_device_train_batch_size", "8"]
+    eager = launch(FSDP_CONFIG, ["--output_dir", str(folder / "eager"), *two])
+    (folder / "eager" / "launch.log").write_text(eager.stderr)
+    compiled = ["--torch_compile", "true", "--torch_compile_backend", "aot_eager"]
+    launch(DDP_CONFIG, ["--output_dir", str(folder / "compiled"), *two, *compiled])
+    return {name: folder / name for name in ("single", "eager", "compiled")}
+
+
 @pytest.mark.slow
-def test_two_ddp_processes_run_every_stage_and_predict_what_one_process_predicts(tmp_path, tokenizer_dir):
-    trained = tmp_path / "ddp"
-    common = [*TINY, *STAGES, "--tokenizer_name", tokenizer_dir, "--use_cpu", "True"]
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(DDP_CONFIG)]
-    argv = ["--output_dir", str(trained), *common, "--max_steps", "4", "--per_device_train_batch_size", "8"]
-    first = run(argv, launcher=launcher, check=False)
-    if first.returncode != 0 and "terminate called without an active exception" in first.stderr:
-        # known, rare: gloo aborts a rank that leaves while rank 0 still scores (seen once in 5 CI runs); once more
-        shutil.rmtree(trained)
-        run(argv, launcher=launcher)
-    else:
-        assert first.returncode == 0, first.stderr[-4000:]
+@pytest.mark.serial
+def test_two_cpu_processes_report_the_loss_of_one_and_end_with_identical_weights(ddp_runs):
+    eager, single = ddp_runs["eager"], ddp_runs["single"]
+    log = (eager / "launch.log").read_text()
+    assert "find_unused_parameters" not in log  # torch's warning at every step, of the Trainer's setting
+    digests = [json.loads((eager / f"weights-rank{r}.json").read_text()) for r in (0, 1)]
+    assert digests[0] == digests[1], "DDP ranks diverged"
+    one, two = logged_losses(single), logged_losses(eager)
+    assert len(one) == len(two) == 4
+    # each step sees the same 16 examples: 16 on one process, 8 + 8 on two
+    torch.testing.assert_close(torch.tensor(two), torch.tensor(one), atol=1e-4, rtol=1e-4)
+    straight, split = (load_file(path / "model.safetensors") for path in (single, eager))
+    for name in straight:
+        torch.testing.assert_close(split[name], straight[name], atol=1e-4, rtol=1e-3, msg=name)
+    assert json.loads((eager / "trainer_state.json").read_text())["global_step"] == 4
+    assert "x 2 devices (DDP)" in (eager / "README.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_an_fsdp_config_on_cpu_trains_as_ddp_and_says_so(ddp_runs):
+    """What accelerate 1.15 does with the shipped fsdp.yaml and --use_cpu true: 2 connected processes, plain DDP
+    (tests/test_fsdp.py lifts accelerate's GPU check to run it as FSDP2)."""
+    log = (ddp_runs["eager"] / "launch.log").read_text()
+    assert "The accelerate config asks for FSDP, but these 2 processes train as DDP" in log
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_two_ddp_processes_run_every_stage_and_predict_what_one_process_predicts(ddp_runs, tmp_path):
+    trained = ddp_runs["eager"]
     # the saved model, evaluated and decoded by one process
     single = tmp_path / "single"
     given = [flag for flag in TINY if flag.startswith("--")]
     kept = [  # TINY less the architecture flags, which the checkpoint brings
         item for flag in given if flag not in ARCHITECTURE for item in TINY[TINY.index(flag) : TINY.index(flag) + 2]
     ]
-    run(["--output_dir", str(single), *kept, *STAGES, "--model_name_or_path", str(trained),
-         "--do_train", "False"])  # fmt: skip
+    main(["--output_dir", str(single), *kept, *STAGES, "--model_name_or_path", str(trained), "--do_train", "False"])
 
-    ddp_rows = [json.loads(line) for line in (trained / "predictions.jsonl").read_text().splitlines()]
-    single_rows = [json.loads(line) for line in (single / "predictions.jsonl").read_text().splitlines()]
-    assert len(ddp_rows) == 20 and ddp_rows == single_rows  # one per pair, in the test split's order, same text
-    single_eval = json.loads((single / "eval_results.json").read_text())
-    ddp, one = (without_timings(json.loads((path / "test_results.json").read_text())) for path in (trained, single))
+    ddp_rows = (trained / "predictions.jsonl").read_text().splitlines()
+    assert len(ddp_rows) == 20 and ddp_rows == (single / "predictions.jsonl").read_text().splitlines()
+    ddp, one = without_timings(results(trained, "test")), without_timings(results(single, "test"))
     assert ddp.keys() == one.keys() and "test_bleu4" in ddp
     for key in ddp:  # the Trainer's loss is a mean of batch means: the short last batch, which accelerate fills up
         # with repeated pairs on the second process, weighs a little differently there; every score is exact
         assert ddp[key] == pytest.approx(one[key], rel=1e-3 if key == "test_loss" else 1e-9), key
-    ddp_eval = json.loads((trained / "eval_results.json").read_text())
-    # the same mean of batch means, over batches cut differently on two processes (a CI run differed by 1.1e-4)
-    assert ddp_eval["eval_loss"] == pytest.approx(single_eval["eval_loss"], rel=1e-3)
-    assert json.loads((trained / "trainer_state.json").read_text())["global_step"] == 4
-    assert "x 2 devices" in (trained / "README.md").read_text()
+    # the same mean of batch means, over batches cut differently on two processes
+    assert results(trained, "eval")["eval_loss"] == pytest.approx(results(single, "eval")["eval_loss"], rel=1e-3)
 
 
 @pytest.mark.slow
-def test_two_ddp_processes_train_compiled_as_they_train_eager(tmp_path, tokenizer_dir):
-    """run.py --torch_compile true under `accelerate launch` (issue 39 item 3): both ranks train the model as one
-    compiled graph (dynamo breaks only in torch's DDP wrapper around it), and end with the weights, evaluation and predictions of the same run in eager mode."""
-    common = [*TINY, *STAGES, "--tokenizer_name", tokenizer_dir, "--use_cpu", "True", "--max_steps", "4",
-              "--per_device_train_batch_size", "8", "--granularity_mask", "product"]  # fmt: skip
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(DDP_CONFIG)]
-    compiled, eager = tmp_path / "compiled", tmp_path / "eager"
-    run(["--output_dir", str(compiled), *common, "--torch_compile", "true", "--torch_compile_backend", "aot_eager"],
-        launcher=launcher)  # fmt: skip
-    run(["--output_dir", str(eager), *common], launcher=launcher)
+@pytest.mark.serial
+def test_two_ddp_processes_train_compiled_as_they_train_eager(ddp_runs):
+    """run.py --torch_compile true under `accelerate launch`: both ranks train the model as one compiled graph
+    (dynamo breaks only in torch's DDP wrapper around it), and end with the weights, evaluation and predictions of
+    the same run in eager mode."""
+    compiled, eager = ddp_runs["compiled"], ddp_runs["eager"]
     for rank in (0, 1):
         record = json.loads((compiled / f"weights-rank{rank}.json").read_text())
         # the model is one graph; torch's DDP wrapper around it breaks (its logger, `_inside_ddp_forward`), no more
@@ -91,16 +145,18 @@ def test_two_ddp_processes_train_compiled_as_they_train_eager(tmp_path, tokenize
         torch.testing.assert_close(weights[name], weight, atol=1e-6, rtol=0, msg=name)
     rows = [(path / "predictions.jsonl").read_text().splitlines() for path in (compiled, eager)]
     assert len(rows[0]) == 20 and rows[0] == rows[1]
-    losses = [json.loads((path / "eval_results.json").read_text())["eval_loss"] for path in (compiled, eager)]
+    losses = [results(path, "eval")["eval_loss"] for path in (compiled, eager)]
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 def test_processes_that_accelerate_did_not_connect_are_refused(tmp_path):
-    """`accelerate launch` with the FSDP config on a machine without GPUs starts 2 processes that are not connected
-    (accelerate does FSDP on GPUs only): each would train everything and write the same files as the other."""
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG)]
+    """`accelerate launch` with the FSDP config and no --use_cpu on a machine without GPUs starts 2 processes that
+    are not connected (accelerate does FSDP on GPUs only): each would train everything and write the same files as
+    the other."""
     output = tmp_path / "out"
-    result = run(["--output_dir", str(output), *TINY, "--do_train"], launcher=launcher, check=False)
+    result = launch(FSDP_CONFIG, ["--output_dir", str(output), *TINY, "--do_train"], check=False)
     assert result.returncode != 0
     assert "2 processes were launched but run as 2 separate single-process runs" in result.stderr
     assert "accelerate/ddp.yaml" in result.stderr and not output.exists()
@@ -124,9 +180,7 @@ def test_the_shipped_accelerate_configs_name_what_to_change_for_gpus():
 def test_fsdp_runs_embed_with_the_shared_module_and_compute_what_they_computed():
     """FSDP2 as accelerate wraps a model groups the input embedding with the LM head, and refuses a tied weight that
     another module also holds; under FSDP, CDNPGTrainer makes the tied stacks embed with `shared` itself."""
-    import torch
-
-    from cdnpg.training.trainer import share_tied_embedding_modules
+    from cdnpg.training.workarounds import share_tied_embedding_modules
     from tests.conftest import tiny_model
 
     model = tiny_model()
@@ -136,6 +190,7 @@ def test_fsdp_runs_embed_with_the_shared_module_and_compute_what_they_computed()
     share_tied_embedding_modules(model)
     assert model.model.encoder.embed_tokens is model.model.shared is model.model.decoder.embed_tokens
     torch.testing.assert_close(model(input_ids=ids, decoder_input_ids=ids).logits, before, rtol=0, atol=0)
+    assert not any(name.endswith(".embed_tokens.weight") for name in model.state_dict())  # named once: `shared`
     untied = tiny_model(tie_word_embeddings=False)
     share_tied_embedding_modules(untied)
     assert untied.model.encoder.embed_tokens is not untied.model.shared  # separate weights stay separate

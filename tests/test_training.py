@@ -1,8 +1,14 @@
-"""Training: the Trainer API contract, training/run.py end to end (also from a wheel install), the data flags, a
-failure after training, resume after a kill, and 2-process DDP on CPU."""
+"""Training: the Trainer API contract, training/run.py end to end (also from a wheel install), the output folder's
+rules, a failure after training, and Ctrl-C and resume.
+
+One run of the documented command (`documented_run`: training/run.py on the paper recipe and a user's files, a tiny
+model for 6 steps) is shared by every test that asserts something of a finished run; the tests that need a run of
+their own (an interrupted one, one that fails, one that replaces another) start from its flags or its folder.
+"""
 
 import json
 import os
+import runpy
 import shlex
 import shutil
 import signal
@@ -16,23 +22,15 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from transformers import (
-    AutoModelForSeq2SeqLM,
-    DataCollatorForSeq2Seq,
-    Seq2SeqTrainer,
-    Seq2SeqTrainingArguments,
-)
+from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from cdnpg.data import (
-    model_token_ids,
-    template_corpus,
-    train_wordpiece_tokenizer,
-    write_template_corpus,
-)
-from cdnpg.training import PostTrainingError, UsageError, main, parse_args
+from cdnpg.data import model_token_ids, template_corpus, train_wordpiece_tokenizer, write_template_corpus
+from cdnpg.training import PostTrainingError, UsageError, main, one_line_errors, parse_args
 from tests.conftest import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
+RUN_PY = ROOT / "training" / "run.py"
+PROBE = ROOT / "tests" / "run_probe.py"
 # a virtualenv with the train extras and no editable install (scripts/test.sh builds .venv-wheel)
 WHEEL_PYTHON = os.environ.get("CDNPG_WHEEL_PYTHON")
 # A tiny model and corpus: every run below takes seconds of training on a CPU.
@@ -46,11 +44,7 @@ TINY = [
 
 
 def run(
-    args: list[str],
-    launcher: list[str] | None = None,
-    check: bool = True,
-    script: Path = ROOT / "tests" / "run_probe.py",
-    cwd: Path = ROOT,
+    args: list[str], launcher: list[str] | None = None, check: bool = True, script: Path = PROBE, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess:
     command = [*(launcher or [sys.executable]), str(script), *args]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "warning", "HF_HUB_OFFLINE": "1"}
@@ -60,9 +54,18 @@ def run(
     return result
 
 
-def pair_files(folder: Path) -> dict[str, Path]:
+def error_line(argv: list[str]) -> str:
+    """The one line training/run.py stops with (its message, as the shell prints it after 'run.py: error:')."""
+    with pytest.raises(SystemExit) as stop, one_line_errors():
+        main(argv)
+    message = str(stop.value.code)
+    assert "\n" not in message and ": error: " in message, message
+    return message.split(": error: ", 1)[1]
+
+
+def pair_files(folder: Path, num_test: int = 8) -> dict[str, Path]:
     """Small train / valid / test JSONL files of the template corpus, in a folder of the user's."""
-    return write_template_corpus(folder, num_train=64, num_valid=8, num_test=8, seed=5)
+    return write_template_corpus(folder, num_train=64, num_valid=8, num_test=num_test, seed=5)
 
 
 def docstring_command(files: dict[str, Path], output: Path) -> list[str]:
@@ -74,6 +77,35 @@ def docstring_command(files: dict[str, Path], output: Path) -> list[str]:
         "--d_model", "32", "--layers", "1", "--attention_heads", "2", "--ffn_dim", "64", "--vocab_size", "300",
         "--max_steps", "4", "--per_device_train_batch_size", "16", "--warmup_steps", "1", "--disable_tqdm", "True",
     ]  # fmt: skip
+
+
+# 6 steps with an evaluation and a checkpoint every 2, dropout on (a resumed run must replay its masks), and a test
+# split of 48 pairs: three predict batches of 16
+DOCUMENTED_FLAGS = [
+    "--max_steps", "6", "--dropout", "0.1", "--learning_rate", "0.001", "--logging_steps", "1", "--seed", "3",
+    "--eval_strategy", "steps", "--eval_steps", "2", "--save_strategy", "steps", "--save_steps", "2",
+    "--load_best_model_at_end", "false", "--per_device_eval_batch_size", "16", "--dataloader_pin_memory", "false",
+]  # fmt: skip
+
+
+# the tests of the documented run, which takes seconds: one pytest-xdist worker runs them all, so that one builds it
+# (`--dist loadgroup`, as scripts/test.sh runs the suite)
+ON_DOCUMENTED_RUN = pytest.mark.xdist_group("documented_run")
+
+
+@pytest.fixture(scope="module")
+def documented_run(tmp_path_factory) -> tuple[list[str], Path, str]:
+    """training/run.py as its docstring shows it, the paper's recipe on pair files in a folder of the user's, with a
+    tiny model: its flags, its output folder and its log."""
+    folder = tmp_path_factory.mktemp("documented")
+    files = pair_files(folder / "mydata", num_test=48)
+    argv = [*docstring_command(files, folder / "out"), *DOCUMENTED_FLAGS]
+    result = run(argv, script=RUN_PY)
+    return argv, folder / "out", result.stderr
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_data_flags_select_their_dataset():
@@ -109,24 +141,234 @@ def test_architecture_flags_default_to_the_config(tmp_path):
     assert overrides == {"encoder_layers": 2, "decoder_layers": 2, "dropout": 0.2, "attention_dropout": 0.2}
 
 
+def test_a_yaml_file_sets_flags_and_later_flags_override_it(tmp_path):
+    config = tmp_path / "args.yaml"
+    config.write_text("granularity_mask: scope\nmax_steps: 50\ndo_train: true\n")
+    model_args, _, training_args = parse_args([str(config), "--output_dir", str(tmp_path), "--max_steps", "2"])
+    assert model_args.granularity_mask == "scope" and training_args.max_steps == 2 and training_args.do_train
+
+
+def test_bad_arguments_name_the_problem(tmp_path):
+    assert "--dataset files needs --train_file" in error_line(["--output_dir", str(tmp_path), "--dataset", "files"])
+    line = error_line(["--output_dir", str(tmp_path), "--granularity_mask", "both", *TINY, "--do_train"])
+    assert "granularity_mask must be one of" in line
+    # transformers' own check, whose message spans lines, on one line too
+    line = error_line(["--output_dir", str(tmp_path), "--do_train", "--eval_strategy", "no"])
+    assert (
+        line.startswith("--load_best_model_at_end requires the save and eval strategy to match") and "\n" not in line
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The documented command, run once
+# ---------------------------------------------------------------------------------------------------------------------
+
+
 @pytest.mark.slow
-def test_the_docstring_command_trains_on_the_given_files(tmp_path):
-    files = pair_files(tmp_path / "mydata")
-    output = tmp_path / "out"
-    run(docstring_command(files, output), script=ROOT / "training" / "run.py")
-    test_sources = [json.loads(line)["source"] for line in files["test"].read_text().splitlines()]
-    predictions = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
-    assert [row["source"] for row in predictions] == test_sources
+@ON_DOCUMENTED_RUN
+def test_the_docstring_command_trains_on_the_given_files(documented_run):
+    argv, output, _ = documented_run
+    test_file = Path(argv[argv.index("--test_file") + 1])
+    test_sources = [row["source"] for row in rows(test_file)]
+    assert [row["source"] for row in rows(output / "predictions.jsonl")] == test_sources
     card = (output / "README.md").read_text()
     assert "mydata/train.jsonl" in card and "64 train" in card
     assert "template" not in yaml.safe_load(card.split("---")[1])["datasets"]
+
+
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
+def test_run_py_writes_a_hub_ready_checkpoint_predictions_and_metrics(documented_run):
+    _, output, _ = documented_run
+    assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "tokenizer.json", "README.md"} <= {
+        path.name for path in output.iterdir()
+    }
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 6
+    predictions = rows(output / "predictions.jsonl")
+    assert len(predictions) == 48 and set(predictions[0]) == {"source", "reference", "prediction"}
+    metrics = json.loads((output / "all_results.json").read_text())
+    for key in ("test_bleu4", "test_ibleu", "test_ibleu_paper", "test_rougeL", "test_meteor", "train_loss"):
+        assert key in metrics and metrics[key] == metrics[key], key  # present and not NaN
+    assert json.loads((output / "test_results.json").read_text())["test_bleu4"] == metrics["test_bleu4"]
+    assert_scores_are_those_of_the_predictions(output)
+    config = json.loads((output / "config.json").read_text())
+    assert config["granularity_mask"] == "resonance" and "custom_pipelines" in config and config["use_cache"]
+    generation = json.loads((output / "generation_config.json").read_text())
+    assert generation["num_beams"] == 8 and generation["max_new_tokens"] == 20 and "max_length" not in generation
+    tokenizer_config = json.loads((output / "checkpoint-6" / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert type(AutoModelForSeq2SeqLM.from_pretrained(output)).__name__ == "CDNPGForConditionalGeneration"
+
+
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
+def test_the_trained_checkpoint_is_calibrated_and_its_card_says_what_was_kept(documented_run, monkeypatch):
+    _, output, _ = documented_run
+    generation = json.loads((output / "generation_config.json").read_text())
+    layer, inverted = generation["novelty_z_layer"], generation["novelty_z_inverted"]
+    card = (output / "README.md").read_text()
+    orientation = "1 - z (inverted)" if inverted else "z as learned"
+    assert f"| novelty reads z of (calibrated) | encoder layer {layer}, {orientation} |" in card
+    eval_loss = json.loads((output / "eval_results.json").read_text())["eval_loss"]
+    assert f"kept the model of the last step (6), validation loss {eval_loss:.4f}" in card
+    assert "best validation" not in card  # load_best_model_at_end is off: the last model is the saved one
+    # the card's code runs as written from where the run was started
+    snippet = card.split("```python\n")[1].split("```")[0]
+    assert f'model="{output}"' in snippet
+    from transformers import pipeline
+
+    monkeypatch.chdir(output.parent)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # calibrated: novelty decoding has nothing to warn about
+        paraphraser = pipeline("text2text-generation", model=str(output), trust_remote_code=True)
+        assert paraphraser("what is the capital of france ?", novelty=0.5, num_beams=2, max_new_tokens=4)
+
+
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
+def test_a_plain_run_logs_no_warning_caused_by_its_own_settings(documented_run):
+    """Nothing of the run's own making warns: not generate() about a max_length beside the checkpoint's
+    max_new_tokens (workarounds.generation_config_kept), not DDP, not the data loader. The documented run evaluates 3
+    times and predicts 3 batches."""
+    _, output, log = documented_run
+    for noise in ("seem to have been set", "deprecat", "find_unused_parameters", "pin_memory"):
+        assert noise not in log.lower(), noise
+    assert len(rows(output / "predictions.jsonl")) == 48
+
+
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
+def test_ctrl_c_names_the_checkpoint_and_its_command_resumes_to_the_weights_of_the_uninterrupted_run(
+    documented_run, tmp_path
+):
+    """Ctrl-C during training: one line and the exit code 130 of an interrupt (no traceback), naming the
+    last checkpoint and the command that resumes from it; that command, run as printed, ends with the weights of the
+    run that was never interrupted: same data order, dropout masks and optimizer state."""
+    straight_argv, straight, _ = documented_run
+    output = tmp_path / "out"
+    # the later --output_dir wins; the vocabulary of the straight run (`tokenizers` breaks frequency ties differently
+    # in each process, so that a tokenizer trained anew could number the same tokens differently)
+    argv = [*straight_argv, "--output_dir", str(output), "--tokenizer_name", str(straight / "tokenizer")]
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, str(PROBE), "--wait_after_step", "2", *argv],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a terminal's Ctrl-C, however pytest runs
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not (output / "waiting-after-step-2").exists():  # training, just after the checkpoint of step 2
+            assert time.monotonic() < deadline and process.poll() is None, "no checkpoint was written in 10 minutes"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    (line,) = [line for line in stderr.splitlines() if "interrupted" in line]
+    last = line.split("the last checkpoint is ")[1].split(". Resume with: ")[0]
+    assert last == str(output / "checkpoint-2") and not (output / "model.safetensors").exists()
+    command = shlex.split(line.split("Resume with: ")[1])
+    assert command[:2] == [sys.executable, str(PROBE)] and command[2:-2] == argv  # started from tmp_path
+    assert command[-2:] == ["--resume_from_checkpoint", last]
+
+    resumed_run = run(command[2:], launcher=command[:1])
+    assert "missing keys" not in resumed_run.stderr  # the tied embedding copies are stored once, not missing
+    expected, resumed = load_file(straight / "model.safetensors"), load_file(output / "model.safetensors")
+    assert expected.keys() == resumed.keys()
+    for name in expected:  # equal up to float rounding
+        torch.testing.assert_close(resumed[name], expected[name], atol=1e-6, rtol=0, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The output folder of an earlier run: refused, replaced, never used as input by mistake
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def earlier_run(documented_run, tmp_path) -> Path:
+    """A copy of the documented run's folder, to reuse."""
+    return Path(shutil.copytree(documented_run[1], tmp_path / "out"))
+
+
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
+def test_a_reused_output_dir_is_refused_and_overwriting_removes_the_earlier_run(documented_run, tmp_path):
+    output = earlier_run(documented_run, tmp_path)
+    (output / "tokenizer" / "earlier-run").write_text("")  # the earlier run's vocabulary must not be reused
+    second = ["--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train", "--template_sizes", "200", "8",
+              "8"]  # fmt: skip
+    with pytest.raises(UsageError, match="--overwrite_output_dir"):
+        main(second)
+    assert (output / "predictions.jsonl").is_file()  # refused: nothing touched
+    main([*second, "--overwrite_output_dir", "True"])
+    names = {path.name for path in output.iterdir()}
+    assert "predictions.jsonl" not in names and "test_results.json" not in names and "checkpoint-6" not in names
+    assert not (output / "tokenizer" / "earlier-run").exists()
+    results = json.loads((output / "all_results.json").read_text())
+    assert "train_loss" in results and not any(key.startswith("test_") for key in results)
+    assert "200 train" in (output / "README.md").read_text()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]  # the earlier run's files removed
+
+
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
+def test_overwriting_never_removes_the_model_or_data_the_run_reads(documented_run, tmp_path):
+    output = earlier_run(documented_run, tmp_path)
+    saved = (output / "model.safetensors").read_bytes()
+    with pytest.raises(UsageError, match=r"would remove .*out, which this run reads"):
+        main(["--output_dir", str(output), "--model_name_or_path", str(output), "--do_eval", "--overwrite_output_dir",
+              "True", "--template_sizes", "256", "16", "16"])  # fmt: skip
+    assert (output / "model.safetensors").read_bytes() == saved
+
+
+def test_overwriting_refuses_a_folder_that_holds_no_training_run(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="no training run"):
+        main(
+            ["--output_dir", str(tmp_path), *TINY, "--max_steps", "2", "--do_train", "--overwrite_output_dir", "True"]
+        )
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
+def test_a_checkpoint_without_optimizer_state_is_refused_for_resuming_with_the_reason(documented_run, tmp_path):
+    """A checkpoint as --save_only_model saves it: the weights without the optimizer and schedule."""
+    checkpoint = Path(shutil.copytree(documented_run[1] / "checkpoint-6", tmp_path / "out" / "checkpoint-6"))
+    for state in [*checkpoint.glob("optimizer*"), *checkpoint.glob("scheduler*")]:
+        state.unlink()
+    with pytest.raises(UsageError, match=r"save_only_model.*--model_name_or_path"):
+        main(["--output_dir", str(tmp_path / "out"), *TINY, "--max_steps", "10", "--do_train",
+              "--resume_from_checkpoint", str(checkpoint)])  # fmt: skip
+
+
+def test_every_shipped_recipe_saves_checkpoints_that_can_resume():
+    for recipe in sorted((ROOT / "training" / "configs").glob("*.yaml")):
+        assert not yaml.safe_load(recipe.read_text()).get("save_only_model"), recipe.name
+
+
+def test_the_checkpoint_named_after_ctrl_c_is_the_last_one_the_trainer_finished_writing(tmp_path):
+    from cdnpg.training.output_dir import last_complete_checkpoint
+
+    assert last_complete_checkpoint(tmp_path) is None
+    for step, complete in ((5, True), (10, True), (15, False), (9, True)):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        if complete:
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Runs of their own: failures after training, the push, the Trainer API
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "broken, step",
     [
         ("trainer.render_model_card", "writing the model card"),
-        ("pipeline.score", "generation and scoring of the test split"),
+        ("scoring.score", "generation and scoring of the test split"),
     ],
 )
 def test_a_failure_after_training_keeps_the_saved_model(tmp_path, monkeypatch, broken, step):
@@ -136,7 +378,7 @@ def test_a_failure_after_training_keeps_the_saved_model(tmp_path, monkeypatch, b
     monkeypatch.setattr(f"cdnpg.training.{broken}", fail)
     output = tmp_path / "out"
     with pytest.raises(PostTrainingError) as error:
-        main(["--output_dir", str(output), *TINY, "--max_steps", "3", "--do_train", "--do_predict"])
+        main(["--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train", "--do_predict"])
     assert step in str(error.value) and "simulated failure" in str(error.value) and str(output) in str(error.value)
     model = AutoModelForSeq2SeqLM.from_pretrained(output)
     assert json.loads((output / "train_results.json").read_text())["train_loss"] > 0
@@ -156,92 +398,43 @@ def test_the_pushed_model_card_keeps_the_test_scores(tmp_path):
 
 def test_a_missing_model_path_is_named_without_a_traceback(tmp_path):
     missing = tmp_path / "checkpoints" / "qoura"
-    result = run(
-        ["--model_name_or_path", str(missing), "--output_dir", str(tmp_path / "out"), "--do_train"],
-        script=ROOT / "training" / "run.py",
-        check=False,
-    )
-    assert result.returncode != 0
-    assert f"{missing}: no such model directory" in result.stderr and "Traceback" not in result.stderr
+    line = error_line(["--model_name_or_path", str(missing), "--output_dir", str(tmp_path / "out"), "--do_train"])
+    assert line == f"--model_name_or_path {missing}: no such model directory"
 
 
-def test_a_missing_model_that_looks_like_a_hub_id_fails_before_torch_is_imported(tmp_path):
+def test_run_py_names_a_missing_model_that_looks_like_a_hub_id_in_one_line(tmp_path, monkeypatch, capsys):
     """`runs/nonexistent` from a folder without runs/ reads as a Hub id: with the Hub unreachable (here a closed local
-    port) run.py names the flag and the path at once, before the seconds of importing torch and transformers."""
-    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9"}
-    env.pop("HF_HUB_OFFLINE", None)
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", str(ROOT / "training" / "run.py"), "--model_name_or_path",
-         "runs/nonexistent", "--do_predict"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
-    assert result.returncode == 1
-    assert "run.py: error: --model_name_or_path runs/nonexistent: no such model directory" in result.stderr
-    assert "cannot be reached" in result.stderr and "Traceback" not in result.stderr
-    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import")}
-    assert "huggingface_hub" in imported and "torch" not in imported and "transformers" not in imported
+    port) training/run.py itself (its `__main__`, run in this process) names the flag and the path in one line,
+    before any data work, and exits 1."""
+    from huggingface_hub import constants
 
-
-@pytest.mark.slow
-@pytest.mark.skipif(not WHEEL_PYTHON, reason="CDNPG_WHEEL_PYTHON (a virtualenv with the train extras) is not set")
-def test_run_py_with_the_package_installed_from_a_wheel_saves_everything(tmp_path):
-    """The package built as a wheel and installed (not editable), run.py started from another directory: the
-    model, the card, the metrics and the predictions all come out."""
-    source = tmp_path / "source"  # a clean copy: no build/ or egg-info left over from earlier builds
-    shutil.copytree(
-        ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "dist", "runs", "*.egg-info", "__pycache__")
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(RUN_PY), "--model_name_or_path", "runs/nonexistent", "--do_predict"])
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(RUN_PY), run_name="__main__")
+    assert str(stop.value.code).startswith(
+        "run.py: error: --model_name_or_path runs/nonexistent: no such model directory"
     )
-    wheels = tmp_path / "wheels"
-    pip = [WHEEL_PYTHON, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, source], check=True, timeout=600)
-    (wheel,) = wheels.glob("cdnpg-*.whl")
-    subprocess.run([*pip, "install", "--no-deps", "--force-reinstall", wheel], check=True, timeout=600)
-    shutil.rmtree(source)
-
-    workdir = tmp_path / "elsewhere"
-    workdir.mkdir()
-    where = subprocess.run(
-        [WHEEL_PYTHON, "-c", "import cdnpg.training, modeling_cdnpg; print(cdnpg.training.__file__)"],
-        cwd=workdir, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert "site-packages" in where.stdout, where.stdout
-    files = pair_files(workdir / "mydata")
-    output = workdir / "out"
-    run(docstring_command(files, output), launcher=[WHEEL_PYTHON], script=ROOT / "training" / "run.py", cwd=workdir)
-    assert (output / "model.safetensors").is_file() and (output / "modeling_cdnpg.py").is_file()
-    assert "mydata/train.jsonl" in (output / "README.md").read_text()
-    assert len((output / "predictions.jsonl").read_text().splitlines()) == 8
-    assert_scores_are_those_of_the_predictions(output)
+    assert "cannot be reached" in str(stop.value.code) and "\n" not in str(stop.value.code)
+    assert list(tmp_path.iterdir()) == []
 
 
-def assert_scores_are_those_of_the_predictions(output: Path) -> None:
-    """The test scores in all_results.json are the paper's metrics of predictions.jsonl, recomputed here from its
-    predictions, references and sources: the run scored what it wrote, pair for pair."""
-    from cdnpg.training import load_metric
-
-    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
-    recomputed = load_metric().compute(
-        predictions=[row["prediction"] for row in rows],
-        references=[row["reference"] for row in rows],
-        sources=[row["source"] for row in rows],
-    )
-    results = json.loads((output / "all_results.json").read_text())
-    for key in ("bleu4", "ibleu", "ibleu_paper", "rougeL", "meteor", "self_bleu4"):
-        assert results[f"test_{key}"] == pytest.approx(recomputed[key], abs=1e-9), key
-
-
-def logged_losses(output_dir: Path) -> list[float]:
-    state = json.loads((output_dir / "trainer_state.json").read_text())
-    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+def test_a_data_file_without_the_named_column_is_one_error_line_naming_it_and_the_flags(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "how do i learn ?", "target": "how can i learn ?"}\n' * 4)
+    argv = ["--train_file", str(data), "--output_dir", str(tmp_path / "out"), "--do_train", "--max_steps", "1"]
+    line = error_line([*argv, "--do_eval", "false"])
+    assert line.startswith("column 'source' not found in any line of")
+    assert "columns found: ['question', 'target']" in line and "--source_column" in line
+    assert not (tmp_path / "out").exists()
 
 
 def test_plain_seq2seq_trainer_trains_and_evaluates_with_generate(tmp_path):
     corpus = template_corpus(num_train=128, num_valid=8, num_test=8, seed=0)
     tokenizer = train_wordpiece_tokenizer([*corpus["train"]["source"], *corpus["train"]["target"]], vocab_size=300)
-    model = tiny_model(
-        **model_token_ids(tokenizer),
-        dropout=0.0,
-    )
+    model = tiny_model(**model_token_ids(tokenizer), dropout=0.0)
 
     def encode(batch):
         targets = tokenizer(batch["target"])["input_ids"]
@@ -249,18 +442,10 @@ def test_plain_seq2seq_trainer_trains_and_evaluates_with_generate(tmp_path):
 
     features = corpus.map(encode, batched=True, remove_columns=["source", "target"])
     args = Seq2SeqTrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=16,
-        learning_rate=3e-3,
-        max_steps=40,
-        logging_steps=5,
-        predict_with_generate=True,
-        generation_num_beams=2,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
+        output_dir=str(tmp_path), per_device_train_batch_size=16, learning_rate=3e-3, max_steps=40, logging_steps=5,
+        predict_with_generate=True, generation_num_beams=2, report_to="none", save_strategy="no", use_cpu=True,
         disable_tqdm=True,
-    )
+    )  # fmt: skip
     trainer = Seq2SeqTrainer(
         model=model.train(),
         args=args,
@@ -277,185 +462,13 @@ def test_plain_seq2seq_trainer_trains_and_evaluates_with_generate(tmp_path):
     assert metrics["eval_generated"] == 8.0 and torch.isfinite(torch.tensor(metrics["eval_loss"]))
 
 
-def test_run_py_writes_a_hub_ready_checkpoint_predictions_and_metrics(tmp_path):
-    output = tmp_path / "out"
-    run(["--output_dir", str(output), *TINY, "--max_steps", "6", "--do_train", "--do_predict"])
-    assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "tokenizer.json", "README.md"} <= {
-        path.name for path in output.iterdir()
-    }
-    assert (output / "trainer_state.json").is_file()
-    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
-    assert len(rows) == 16 and set(rows[0]) == {"source", "reference", "prediction"}
-    metrics = json.loads((output / "all_results.json").read_text())
-    for key in ("test_bleu4", "test_ibleu", "test_ibleu_paper", "test_rougeL", "test_meteor", "train_loss"):
-        assert key in metrics and metrics[key] == metrics[key], key  # present and not NaN
-    assert json.loads((output / "test_results.json").read_text())["test_bleu4"] == metrics["test_bleu4"]
-    assert_scores_are_those_of_the_predictions(output)
-    config = json.loads((output / "config.json").read_text())
-    assert config["granularity_mask"] == "resonance" and "custom_pipelines" in config and config["use_cache"]
-    generation = json.loads((output / "generation_config.json").read_text())
-    assert generation["num_beams"] == 8 and generation["max_new_tokens"] == 20 and "max_length" not in generation
-    tokenizer_config = json.loads((output / "checkpoint-5" / "tokenizer_config.json").read_text())
-    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
-    assert type(AutoModelForSeq2SeqLM.from_pretrained(output)).__name__ == "CDNPGForConditionalGeneration"
-
-
-def test_run_py_reads_a_yaml_file_and_lets_flags_override_it(tmp_path):
-    config = tmp_path / "args.yaml"
-    config.write_text("granularity_mask: scope\nmax_steps: 50\ndo_train: true\n")
-    output = tmp_path / "out"
-    run([str(config), "--output_dir", str(output), *TINY, "--max_steps", "2"])
-    assert json.loads((output / "config.json").read_text())["granularity_mask"] == "scope"
-    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 2
-
-
-def test_bad_arguments_name_the_problem(tmp_path):
-    result = run(["--output_dir", str(tmp_path), "--dataset", "files"], check=False)
-    assert result.returncode != 0 and "--dataset files needs --train_file" in result.stderr
-    result = run(["--output_dir", str(tmp_path), "--granularity_mask", "both", *TINY, "--do_train"], check=False)
-    assert result.returncode != 0 and "granularity_mask must be one of" in result.stderr
-
-
-def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(tmp_path, tokenizer_dir):
-    common = [*TINY, "--max_steps", "10", "--do_train", "--dropout", "0.1", "--tokenizer_name", tokenizer_dir]
-    run(["--output_dir", str(tmp_path / "straight"), *common])
-    killed = run(["--kill_after_step", "5", "--output_dir", str(tmp_path / "resumed"), *common], check=False)
-    assert killed.returncode == 17 and (tmp_path / "resumed" / "checkpoint-5").is_dir()
-    assert not (tmp_path / "resumed" / "model.safetensors").exists()
-    checkpoint = str(tmp_path / "resumed" / "checkpoint-5")
-    resumed_run = run(["--output_dir", str(tmp_path / "resumed"), *common, "--resume_from_checkpoint", checkpoint])
-    assert "missing keys" not in resumed_run.stderr  # the tied embedding copies are stored once, not missing
-    straight = load_file(tmp_path / "straight" / "model.safetensors")
-    resumed = load_file(tmp_path / "resumed" / "model.safetensors")
-    assert straight.keys() == resumed.keys()
-    for name in straight:  # same data order, dropout masks and optimizer state: equal up to float rounding
-        torch.testing.assert_close(resumed[name], straight[name], atol=1e-6, rtol=0, msg=name)
-
-
-def test_two_cpu_processes_report_the_loss_of_one_and_end_with_identical_weights(tmp_path, tokenizer_dir):
-    common = [*TINY, "--max_steps", "6", "--do_train", "--use_cpu", "True", "--tokenizer_name", tokenizer_dir]
-    run(["--output_dir", str(tmp_path / "one"), *common, "--per_device_train_batch_size", "16"])
-    launcher = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-    ]  # fmt: skip
-    two_processes = run(
-        ["--output_dir", str(tmp_path / "two"), *common, "--per_device_train_batch_size", "8"], launcher=launcher
-    )
-    assert "find_unused_parameters" not in two_processes.stderr  # torch's warning at every step, of our setting
-    digests = [json.loads((tmp_path / "two" / f"weights-rank{r}.json").read_text()) for r in (0, 1)]
-    assert digests[0] == digests[1], "DDP ranks diverged"
-    one, two = logged_losses(tmp_path / "one"), logged_losses(tmp_path / "two")
-    assert len(one) == len(two) == 6
-    # each step sees the same 16 examples: 16 on one process, 8 + 8 on two
-    torch.testing.assert_close(torch.tensor(two), torch.tensor(one), atol=1e-4, rtol=1e-4)
-    straight, split = (load_file(tmp_path / name / "model.safetensors") for name in ("one", "two"))
-    for name in straight:
-        torch.testing.assert_close(split[name], straight[name], atol=1e-4, rtol=1e-3, msg=name)
-
-
-def test_a_run_without_stage_flags_stops_naming_them_instead_of_saving_an_untrained_model(tmp_path):
-    files = pair_files(tmp_path / "data")
-    output = tmp_path / "out"
-    with pytest.raises(UsageError, match="--do_train --do_eval --do_predict"):
-        main(["--max_steps", "2000", "--train_file", str(files["train"]), "--output_dir", str(output)])
-    assert not output.exists()
-
-
-def test_a_reused_output_dir_is_refused_and_overwriting_removes_the_earlier_run(tmp_path):
-    output = tmp_path / "out"
-    main(["--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train", "--do_predict"])
-    assert (output / "predictions.jsonl").is_file() and (output / "tokenizer").is_dir()
-    (output / "tokenizer" / "earlier-run").write_text("")  # the earlier run's vocabulary must not be reused
-    second = [
-        "--output_dir",
-        str(output),
-        *TINY,
-        "--max_steps",
-        "2",
-        "--do_train",
-        "--template_sizes",
-        "200",
-        "8",
-        "8",
-    ]
-    with pytest.raises(UsageError, match="--overwrite_output_dir"):
-        main(second)
-    assert (output / "predictions.jsonl").is_file()  # refused: nothing touched
-    main([*second, "--overwrite_output_dir", "True"])
-    names = {path.name for path in output.iterdir()}
-    assert "predictions.jsonl" not in names and "test_results.json" not in names
-    assert not (output / "tokenizer" / "earlier-run").exists()
-    results = json.loads((output / "all_results.json").read_text())
-    assert "train_loss" in results and not any(key.startswith("test_") for key in results)
-    assert "200 train" in (output / "README.md").read_text()
-
-
-def test_overwriting_never_removes_the_model_or_data_the_run_reads(tmp_path):
-    output = tmp_path / "out"
-    main(["--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train"])
-    saved = (output / "model.safetensors").read_bytes()
-    with pytest.raises(UsageError, match=r"would remove .*out, which this run reads"):
-        main(["--output_dir", str(output), "--model_name_or_path", str(output), "--do_eval", "--overwrite_output_dir",
-              "True", "--template_sizes", "256", "16", "16"])  # fmt: skip
-    assert (output / "model.safetensors").read_bytes() == saved
-
-
-def test_overwriting_refuses_a_folder_that_holds_no_training_run(tmp_path):
-    (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(UsageError, match="no training run"):
-        main(
-            ["--output_dir", str(tmp_path), *TINY, "--max_steps", "2", "--do_train", "--overwrite_output_dir", "True"]
-        )
-    assert (tmp_path / "notes.txt").read_text() == "mine"
-
-
-def test_a_checkpoint_without_optimizer_state_is_refused_for_resuming_with_the_reason(tmp_path):
-    output = tmp_path / "out"
-    main(["--output_dir", str(output), *TINY, "--max_steps", "5", "--do_train", "--save_only_model", "True"])
-    checkpoint = output / "checkpoint-5"
-    assert checkpoint.is_dir() and not (checkpoint / "optimizer.pt").exists()
-    with pytest.raises(UsageError, match=r"save_only_model.*--model_name_or_path"):
-        main(["--output_dir", str(output), *TINY, "--max_steps", "10", "--do_train", "--resume_from_checkpoint",
-              str(checkpoint)])  # fmt: skip
-
-
-def test_every_shipped_recipe_saves_checkpoints_that_can_resume():
-    for recipe in sorted((ROOT / "training" / "configs").glob("*.yaml")):
-        assert not yaml.safe_load(recipe.read_text()).get("save_only_model"), recipe.name
-
-
-def test_the_trained_checkpoint_is_calibrated_and_its_card_says_what_was_kept(tmp_path, monkeypatch):
-    output = tmp_path / "out"
-    main(["--output_dir", str(output), *TINY, "--max_steps", "4", "--do_train", "--eval_strategy", "steps",
-          "--eval_steps", "2", "--save_steps", "2"])  # fmt: skip
-    generation = json.loads((output / "generation_config.json").read_text())
-    layer, inverted = generation["novelty_z_layer"], generation["novelty_z_inverted"]
-    card = (output / "README.md").read_text()
-    orientation = "1 - z (inverted)" if inverted else "z as learned"
-    assert f"| novelty reads z of (calibrated) | encoder layer {layer}, {orientation} |" in card
-    eval_loss = json.loads((output / "eval_results.json").read_text())["eval_loss"]
-    assert f"kept the model of the last step (4), validation loss {eval_loss:.4f}" in card
-    assert "best validation" not in card  # load_best_model_at_end is off: the last model is the saved one
-    # the card's code runs as written from where the run was started
-    snippet = card.split("```python\n")[1].split("```")[0]
-    assert f'model="{output}"' in snippet
-    from transformers import pipeline
-
-    monkeypatch.chdir(tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)  # calibrated: novelty decoding has nothing to warn about
-        paraphraser = pipeline("text2text-generation", model=str(output), trust_remote_code=True)
-        assert paraphraser("what is the capital of france ?", novelty=0.5, num_beams=2, max_new_tokens=4)
-
-
 def test_granularity_learning_rate_trains_only_the_granularity_heads_at_that_rate_on_the_same_schedule(tmp_path):
     from cdnpg.training.arguments import CDNPGTrainingArguments
     from cdnpg.training.trainer import CDNPGTrainer
 
     model = tiny_model(granularity_mask="resonance")
-    common = dict(output_dir=str(tmp_path), learning_rate=1e-4, warmup_steps=2, weight_decay=0.01, use_cpu=True, eval_strategy="no", save_strategy="no", load_best_model_at_end=False,
-                  report_to="none")  # fmt: skip
+    common = dict(output_dir=str(tmp_path), learning_rate=1e-4, warmup_steps=2, weight_decay=0.01, use_cpu=True,
+                  eval_strategy="no", save_strategy="no", load_best_model_at_end=False, report_to="none")  # fmt: skip
     args = CDNPGTrainingArguments(**common, granularity_learning_rate=3e-3)
     trainer = CDNPGTrainer(model=model, args=args)
     trainer.create_optimizer_and_scheduler(num_training_steps=10)
@@ -491,8 +504,8 @@ AMX = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n"
 @pytest.mark.parametrize("cpuinfo, warned", [(AVX2_ONLY, True), (AVX512_BF16, False), (AMX, False), ("", False)])
 @pytest.mark.parametrize("bf16", [True, False])
 def test_bf16_on_a_cpu_that_emulates_it_is_named_in_one_line_with_its_cost_and_remedy(cpuinfo, warned, bf16, caplog):
-    """`--bf16` on a CPU without native bfloat16 ran 15x slower, silently. The CPU's flags are faked both ways; a
-    CPU whose flags cannot be read ("") is not warned about."""
+    """`--bf16` on a CPU without native bfloat16 trains about 15x slower: one line says so. The CPU's flags are faked
+    both ways; a CPU whose flags cannot be read ("") is not warned about."""
     from cdnpg.training import check_bf16_on_cpu
 
     args = parse_args(["--output_dir", "unused", "--use_cpu", "True", "--bf16", str(bf16), "--do_train"])[2]
@@ -507,75 +520,59 @@ def test_bf16_on_a_cpu_that_emulates_it_is_named_in_one_line_with_its_cost_and_r
         assert lines == []
 
 
-def test_ctrl_c_names_the_last_checkpoint_and_the_resume_command_in_one_line(tmp_path):
-    """SIGINT printed a 97-line KeyboardInterrupt traceback; now one line, and the exit code 130 of an interrupt."""
-    output = tmp_path / "out"
-    argv = [*TINY, "--max_steps", "100000", "--do_train", "--output_dir", str(output)]
-    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "training" / "run.py"), *argv],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a terminal's Ctrl-C, however pytest runs
+# ---------------------------------------------------------------------------------------------------------------------
+# From a wheel install
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not WHEEL_PYTHON, reason="CDNPG_WHEEL_PYTHON (a virtualenv with the train extras) is not set")
+def test_run_py_with_the_package_installed_from_a_wheel_saves_everything(tmp_path):
+    """The package built as a wheel and installed (not editable), run.py started from another directory: the
+    model, the card, the metrics and the predictions all come out."""
+    source = tmp_path / "source"  # a clean copy: no build/ or egg-info left over from earlier builds
+    shutil.copytree(
+        ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "dist", "runs", "*.egg-info", "__pycache__")
+    )
+    wheels = tmp_path / "wheels"
+    pip = [WHEEL_PYTHON, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, source], check=True, timeout=600)
+    (wheel,) = wheels.glob("cdnpg-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--force-reinstall", wheel], check=True, timeout=600)
+    shutil.rmtree(source)
+
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    where = subprocess.run(
+        [WHEEL_PYTHON, "-c", "import cdnpg.training, modeling_cdnpg; print(cdnpg.training.__file__)"],
+        cwd=workdir, capture_output=True, text=True, check=True,
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 600  # checkpoints every 5 steps, the first seconds in on an idle machine
-        while not list(output.glob("checkpoint-*/trainer_state.json")):  # interrupt training, not the set-up
-            assert time.monotonic() < deadline and process.poll() is None, "no checkpoint was written in 10 minutes"
-            time.sleep(0.2)
-        time.sleep(1)  # into the saves that follow: an interrupted save is never named
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    assert process.returncode == 130
-    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
-    (line,) = [line for line in stderr.splitlines() if "interrupted" in line]
-    last = line.split("the last checkpoint is ")[1].split(". Resume with: ")[0]
-    assert Path(last).parent == output and (Path(last) / "trainer_state.json").is_file()
-    command = shlex.split(line.split("Resume with: ")[1])
-    assert command[-2:] == ["--resume_from_checkpoint", last] and command[0] == "python"
-    assert command[1].endswith("run.py") and command[2:-2] == argv
+    assert "site-packages" in where.stdout, where.stdout
+    files = pair_files(workdir / "mydata")
+    output = workdir / "out"
+    run(docstring_command(files, output), launcher=[WHEEL_PYTHON], script=RUN_PY, cwd=workdir)
+    assert (output / "model.safetensors").is_file() and (output / "modeling_cdnpg.py").is_file()
+    assert "mydata/train.jsonl" in (output / "README.md").read_text()
+    assert len((output / "predictions.jsonl").read_text().splitlines()) == 8
+    assert_scores_are_those_of_the_predictions(output)
 
 
-def test_a_data_file_without_the_named_column_is_one_error_line_naming_it_and_the_flags(tmp_path):
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"question": "how do i learn ?", "target": "how can i learn ?"}\n' * 4)
-    argv = ["--train_file", str(data), "--output_dir", str(tmp_path / "out"), "--do_train", "--max_steps", "1"]
-    result = run([*argv, "--do_eval", "false"], script=ROOT / "training" / "run.py", check=False)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    (line,) = [line for line in result.stderr.splitlines() if "error" in line]
-    assert line.startswith("run.py: error: column 'source' not found in any line of")
-    assert "columns found: ['question', 'target']" in line and "--source_column" in line
+def assert_scores_are_those_of_the_predictions(output: Path) -> None:
+    """The test scores in all_results.json are the paper's metrics of predictions.jsonl, recomputed here from its
+    predictions, references and sources: the run scored what it wrote, pair for pair."""
+    from cdnpg.training import load_metric
+
+    predictions = rows(output / "predictions.jsonl")
+    recomputed = load_metric().compute(
+        predictions=[row["prediction"] for row in predictions],
+        references=[row["reference"] for row in predictions],
+        sources=[row["source"] for row in predictions],
+    )
+    results = json.loads((output / "all_results.json").read_text())
+    for key in ("bleu4", "ibleu", "ibleu_paper", "rougeL", "meteor", "self_bleu4"):
+        assert results[f"test_{key}"] == pytest.approx(recomputed[key], abs=1e-9), key
 
 
-def test_a_plain_run_logs_no_warning_caused_by_its_own_settings(tmp_path):
-    """The Seq2SeqTrainer wrote GenerationConfig's default max_length beside the checkpoint's max_new_tokens after the
-    first predict batch, and generate() warned at every later one; nothing of the run's own making may warn."""
-    argv = [
-        *TINY,
-        "--template_sizes",
-        "256",
-        "16",
-        "48",
-        "--max_steps",
-        "2",
-        "--do_train",
-        "--do_eval",
-        "--do_predict",
-    ]
-    result = run([*argv, "--output_dir", str(tmp_path / "out")], script=ROOT / "training" / "run.py")
-    for noise in ("seem to have been set", "deprecat", "find_unused_parameters", "pin_memory"):
-        assert noise not in result.stderr.lower(), noise
-    predictions = (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()
-    assert len(predictions) == 48  # three predict batches of 16
-
-
-def test_the_checkpoint_named_after_ctrl_c_is_the_last_one_the_trainer_finished_writing(tmp_path):
-    from cdnpg.training.output_dir import last_complete_checkpoint
-
-    assert last_complete_checkpoint(tmp_path) is None
-    for step, complete in ((5, True), (10, True), (15, False), (9, True)):
-        (tmp_path / f"checkpoint-{step}").mkdir()
-        if complete:
-            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
-    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+def logged_losses(output_dir: Path) -> list[float]:
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]

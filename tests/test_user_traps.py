@@ -1,37 +1,40 @@
-"""What a new user hit on a fresh clone (issue 41): a setting taken for another or ignored, a traceback or lost work
-where one line was due, a model card that left settings out. Each test fails on the code before the fix.
+"""What a new user hit on a fresh clone: a setting taken for another or ignored, a traceback or lost work where one
+line was due, a folder a stopped run left that blocked the rerun, a busy CPU, a model card that left settings out.
 
-Most checks call `parse_args` / `check_arguments` or run.py's `cli()` in-process: they stop before any data work,
-which is what they show; the runs that train use a tiny model for a few steps."""
+Most checks call `parse_args` / `check_arguments` or run.py's `main()` under its command line's `one_line_errors`,
+in-process: they stop before any data work, which is what they show; the runs that train use a tiny model for a few
+steps."""
 
 import json
 import os
 import re
-import subprocess
+import shlex
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from transformers import TrainerCallback
 
 from cdnpg.data import write_template_corpus
-from cdnpg.training import UsageError, main, parse_args
+from cdnpg.training import TrainingInterrupted, UsageError, main, one_line_errors, parse_args
 from cdnpg.training.arguments import check_arguments
-from cdnpg.training.entry import cli
-from tests.test_training import TINY
+from tests.test_training import TINY, error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 AT = TINY.index("--template_sizes")
 TINY_FILES = TINY[:AT] + TINY[AT + 4 :]  # the tiny model and schedule, for runs on pair files
 
 
-def error_line(argv: list[str]) -> str:
-    """The one line run.py's command line stops with (its message, as the shell prints it after 'run.py: error:')."""
-    with pytest.raises(SystemExit) as stop:
-        cli(argv)
-    message = str(stop.value.code)
-    assert "\n" not in message and ": error: " in message, message
-    return message.split(": error: ", 1)[1]
+def no_data_work(monkeypatch) -> None:
+    """Make any data work fail the test: what is checked must stop the run before it."""
+
+    def prepare_data(*args, **kwargs):
+        raise AssertionError("data work before the arguments were checked")
+
+    monkeypatch.setattr("cdnpg.training.run.prepare_data", prepare_data)
 
 
 def parse_and_check(argv: list[str]):
@@ -76,18 +79,12 @@ def test_a_stray_value_and_a_bad_value_are_one_line_each():
 # 2. --do_eval false ------------------------------------------------------------------------------------------------
 
 
-def test_do_eval_false_means_no_evaluation_during_or_after_training(tmp_path):
+def test_do_eval_false_means_no_evaluation_during_or_after_training():
+    """As parsed; a run with --do_eval false that evaluates nowhere: the pair-files run below."""
     _, _, args = parse_args(["--do_train", "--do_eval", "false", "--eval_strategy", "steps", "--eval_steps", "1"])
     assert not args.do_eval and args.eval_strategy == "no" and not args.load_best_model_at_end
     _, _, default = parse_args(["--do_train"])  # left out: the recipe's evaluation every epoch, as before
     assert default.do_eval and default.eval_strategy == "epoch" and default.load_best_model_at_end
-
-    output = tmp_path / "out"
-    main(["--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train", "--do_eval", "false",
-          "--eval_strategy", "steps", "--eval_steps", "1"])  # fmt: skip
-    history = json.loads((output / "trainer_state.json").read_text())["log_history"]
-    assert not any("eval_loss" in entry for entry in history)
-    assert not (output / "eval_results.json").exists()
 
 
 def test_early_stopping_without_evaluation_is_refused():
@@ -101,13 +98,19 @@ def test_early_stopping_without_evaluation_is_refused():
 
 def test_pair_files_without_a_validation_file_are_one_line_unless_evaluation_is_off(tmp_path):
     files = write_template_corpus(tmp_path / "data", num_train=64, num_valid=8, num_test=8, seed=5)
-    argv = ["--train_file", str(files["train"]), "--output_dir", str(tmp_path / "out"), "--do_train"]
+    output = tmp_path / "out"
+    argv = ["--train_file", str(files["train"]), "--output_dir", str(output), "--do_train"]
     line = error_line(argv)
     assert line.startswith("no --validation_file: this run evaluates") and "--do_eval false" in line
     assert error_line([*argv, "--do_eval", "false", "--do_predict"]).startswith("--do_predict needs --test_file")
 
-    main([*argv, *TINY_FILES, "--max_steps", "2", "--do_eval", "false"])  # trains, without evaluation
-    assert (tmp_path / "out" / "model.safetensors").is_file()
+    # trains, and evaluates nowhere, however often eval_strategy asked for it
+    main([*argv, *TINY_FILES, "--max_steps", "2", "--do_eval", "false", "--eval_strategy", "steps", "--eval_steps",
+          "1"])  # fmt: skip
+    assert (output / "model.safetensors").is_file()
+    history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+    assert not any("eval_loss" in entry for entry in history)
+    assert not (output / "eval_results.json").exists()
 
 
 def test_a_missing_data_file_is_named_before_any_data_work(tmp_path):
@@ -129,13 +132,13 @@ def test_an_empty_training_file_is_one_line_naming_it_and_leaves_no_folder_behin
     assert str(error.value).startswith(f"--train_file {files['train']}: no usable pair in the train split")
     assert not output.exists()  # no tokenizer left: the rerun with the data fixed is not refused
     write_template_corpus(tmp_path / "data", num_train=64, num_valid=8, num_test=8, seed=5)
-    main(argv)
+    main([*argv, "--max_steps", "1"])
     assert (output / "model.safetensors").is_file()
 
 
 def test_a_failed_overwrite_keeps_the_earlier_run_as_it_was(tmp_path):
     output = tmp_path / "out"
-    main(["--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train", "--save_strategy", "no"])
+    main(["--output_dir", str(output), *TINY, "--max_steps", "1", "--do_train", "--save_strategy", "no"])
     before = {path.relative_to(output): path.read_bytes() for path in output.rglob("*") if path.is_file()}
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -155,7 +158,7 @@ def test_a_model_that_fails_to_build_leaves_an_existing_folder_as_it_was(tmp_pat
     def fail(*args, **kwargs):
         raise UsageError("simulated failure before training")
 
-    monkeypatch.setattr("cdnpg.training.pipeline.build_model", fail)
+    monkeypatch.setattr("cdnpg.training.run.build_model", fail)
     with pytest.raises(UsageError, match="simulated"):
         main(["--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train"])
     assert list(output.iterdir()) == []
@@ -170,10 +173,7 @@ def test_a_truncated_checkpoint_is_one_line_before_any_data_work(tmp_path, monke
     weights = checkpoint / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
 
-    def no_data_work(*args, **kwargs):
-        raise AssertionError("data work before the checkpoint was checked")
-
-    monkeypatch.setattr("cdnpg.training.pipeline.prepare_data", no_data_work)
+    no_data_work(monkeypatch)
     output = tmp_path / "out"
     line = error_line(["--model_name_or_path", str(checkpoint), "--do_predict", "--output_dir", str(output)])
     assert line.startswith(f"--model_name_or_path {checkpoint}: cannot load it:")
@@ -191,7 +191,7 @@ def test_bf16_without_a_gpu_trains_on_the_cpu_instead_of_stopping():
     assert not plain.use_cpu  # only --bf16 implies it
 
 
-# 9. Arguments are checked before the pipeline's imports and data work ------------------------------------------------
+# 9. Arguments are checked before any data work -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -201,18 +201,10 @@ def test_bf16_without_a_gpu_trains_on_the_cpu_instead_of_stopping():
         (["--max_step", "10", "--do_train"], "unknown flag --max_step; did you mean --max_steps?"),
     ],
 )
-def test_a_wrong_argument_stops_run_py_before_datasets_and_evaluate_are_imported(tmp_path, argv, error):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", str(ROOT / "training" / "run.py"), *argv, "--output_dir",
-         str(tmp_path / "out")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    (line,) = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
-    assert line.startswith("run.py: error: ") and error in line
-    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import")}
-    assert "datasets" not in imported and "evaluate" not in imported  # the pipeline's imports, before any data
+def test_a_wrong_argument_stops_run_py_in_one_line_before_any_data_work(tmp_path, monkeypatch, argv, error):
+    no_data_work(monkeypatch)
+    assert error in error_line([*argv, "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
 
 
 # 10. The model card ----------------------------------------------------------------------------------------------
@@ -245,16 +237,178 @@ def test_the_card_of_a_model_without_copy_says_it_does_not_copy(tmp_path):
 
 
 def test_the_ctrl_c_line_starts_a_line_of_its_own_after_the_progress_bar(tmp_path, monkeypatch, capsys):
-    """tqdm leaves the cursor at the end of its bar (no newline): the interrupt line was glued to it."""
+    """tqdm leaves the cursor at the end of its bar (no newline): the interrupt line starts a line of its own."""
 
     def interrupted_mid_bar(*args, **kwargs):
         sys.stderr.write("\r  5%|5         | 5/100 [00:01<00:19,  4.90it/s]")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("cdnpg.training.pipeline.run", interrupted_mid_bar)
-    with pytest.raises(SystemExit) as stop:
-        cli(["--do_train", "--output_dir", str(tmp_path / "out")])  # tqdm on, as by default
+    monkeypatch.setattr("cdnpg.training.run.prepare_data", interrupted_mid_bar)
+    with pytest.raises(SystemExit) as stop, one_line_errors():
+        main(["--do_train", "--output_dir", str(tmp_path / "out")])  # tqdm on, as by default
     assert stop.value.code == 130
     stderr = capsys.readouterr().err
     bar_end = stderr.index("4.90it/s]") + len("4.90it/s]")
     assert stderr[bar_end] == "\n" and stderr[bar_end + 1 :].split(": ", 1)[1].startswith("interrupted before the")
+
+
+# 12. Flags checked late, or accepted when wrong --------------------------------------------------------------------
+
+
+def test_an_output_dir_that_is_a_file_is_one_line_before_any_data_work(tmp_path, monkeypatch):
+    no_data_work(monkeypatch)
+    regular_file = tmp_path / "regular_file"
+    regular_file.write_text("mine")
+    line = error_line(["--output_dir", str(regular_file), *TINY, "--do_train"])
+    assert line == f"--output_dir {regular_file} is a file, not a folder: choose another --output_dir"
+    inside = regular_file / "run"
+    line = error_line(["--output_dir", str(inside), *TINY, "--do_train"])
+    assert line == f"--output_dir {inside} is inside {regular_file}, a file, not a folder: choose another --output_dir"
+    assert regular_file.read_text() == "mine"
+
+
+@pytest.mark.parametrize("steps", ["-5", "0"])
+def test_max_steps_below_one_is_refused_except_transformers_minus_one_for_epochs(steps):
+    """transformers reads any max_steps <= 0 as "train num_train_epochs": -5 would train by epochs without a word."""
+    line = error_line(["--do_train", "--max_steps", steps, "--output_dir", "unused"])
+    assert line == (
+        f"--max_steps must be a number of steps above 0, or -1 (the default) to train --num_train_epochs epochs; "
+        f"got {steps}"
+    )
+    _, _, by_epochs = parse_args(["--do_train", "--max_steps", "-1", "--output_dir", "unused"])
+    assert by_epochs.max_steps == -1 and by_epochs.num_train_epochs == 30
+
+
+# 13. The paper's recipe is the default ----------------------------------------------------------------------------
+
+
+def test_a_flags_only_run_trains_the_papers_recipe_once_it_names_its_stages(tmp_path, monkeypatch):
+    """Every setting of training/configs/paper.yaml's recipe is a default, 30 epochs included; as in transformers'
+    example scripts, the stages are flags, which paper.yaml sets and a run without them is told to add."""
+    no_data_work(monkeypatch)
+    line = error_line(["--output_dir", str(tmp_path / "out")])
+    assert line.startswith("no --do_train: this run would evaluate and save an untrained model")
+    assert "add --do_train (and --do_eval --do_predict" in line and "training/configs/paper.yaml" in line
+    recipe = Path(__file__).resolve().parents[1] / "training" / "configs" / "paper.yaml"
+    from_file = parse_args([str(recipe), "--output_dir", "unused"])
+    from_flags = parse_args(["--do_train", "--do_eval", "--do_predict", "--output_dir", "unused"])
+    assert from_file[:2] == from_flags[:2] and from_file[2].to_dict() == from_flags[2].to_dict()
+    assert from_flags[2].num_train_epochs == 30 and from_flags[2].max_steps == -1
+
+
+def test_a_run_without_stage_flags_stops_naming_them_instead_of_saving_an_untrained_model(tmp_path):
+    files = write_template_corpus(tmp_path / "data", num_train=64, num_valid=8, num_test=8, seed=5)
+    output = tmp_path / "out"
+    with pytest.raises(UsageError, match="add --do_train"):
+        main(["--max_steps", "2000", "--train_file", str(files["train"]), "--output_dir", str(output)])
+    assert not output.exists()
+
+
+# 14. A run stopped before its first checkpoint leaves the folder as it found it ----------------------------------
+
+
+class StopAtStep(TrainerCallback):
+    """Raise `error` at the end of training step `step`."""
+
+    def __init__(self, step: int, error: BaseException):
+        self.step, self.error = step, error
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise self.error
+
+
+def test_a_run_that_fails_during_training_before_its_first_checkpoint_leaves_no_folder(tmp_path):
+    output = tmp_path / "out"
+    argv = ["--output_dir", str(output), *TINY, "--max_steps", "4", "--save_steps", "3", "--do_train"]
+    with pytest.raises(RuntimeError, match="simulated"):
+        main(argv, callbacks=[StopAtStep(2, RuntimeError("simulated failure at step 2"))])
+    assert not output.exists()  # the tokenizer it trained is gone: the same command runs again
+
+
+def test_a_replacing_run_stopped_before_its_first_checkpoint_puts_the_earlier_run_back(tmp_path):
+    output = tmp_path / "out"
+    main(["--output_dir", str(output), *TINY, "--max_steps", "1", "--do_train", "--save_strategy", "no"])
+    before = {path.relative_to(output): path.read_bytes() for path in output.rglob("*") if path.is_file()}
+    argv = ["--output_dir", str(output), *TINY, "--max_steps", "4", "--save_steps", "3", "--do_train",
+            "--overwrite_output_dir", "true", "--template_sizes", "200", "8", "8"]  # fmt: skip
+    with pytest.raises(TrainingInterrupted, match="interrupted before the first checkpoint"):
+        main(argv, callbacks=[StopAtStep(2, KeyboardInterrupt())])
+    after = {path.relative_to(output): path.read_bytes() for path in output.rglob("*") if path.is_file()}
+    assert after == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]  # nothing left beside it
+
+
+def test_kill_stops_a_run_as_ctrl_c_does():
+    """`kill` (SIGTERM) raises what Ctrl-C raises, so that the folder is put back and the line names the checkpoint;
+    Python's default ends the process where it stands."""
+    from cdnpg.training.output_dir import terminate_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal arrives first
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_folder_that_holds_only_a_killed_runs_tokenizer_is_named_with_the_command_to_run_again(tmp_path):
+    """`kill -9` leaves the tokenizer a run saved before training, and no checkpoint: the refusal says so and gives the
+    command."""
+    output = tmp_path / "out"
+    (output / "tokenizer").mkdir(parents=True)
+    argv = ["training/configs/template_cpu.yaml", "--output_dir", str(output)]
+    line = error_line(argv)
+    assert line.startswith(
+        f"--output_dir {output} holds only the tokenizer of a run stopped before its first checkpoint (nothing to "
+        "resume). Run again, replacing it: "
+    )
+    python, *command = shlex.split(line.split("replacing it: ")[1])
+    assert Path(python).resolve() == Path(sys.executable).resolve()  # this Python, relative to here if inside
+    assert command == [sys.argv[0], *argv, "--overwrite_output_dir", "true"]
+
+
+# 15. A busy CPU ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "default, cores, busy, threads",
+    [(2, 2, 0, 2), (2, 2, 1, 1), (2, 2, 5, 1), (8, 16, 4, 8), (8, 16, 12, 4), (4, 4, None, 4)],
+)
+def test_training_on_a_cpu_takes_the_cores_other_processes_leave_free(default, cores, busy, threads):
+    """torch's default threads on an idle machine; one thread fewer for each core other processes keep busy, at
+    least one (OpenMP threads wait for a busy core at every operation: 6x slower beside one busy loop on 2 cores)."""
+    from cdnpg.training import cpu_threads
+
+    assert cpu_threads(default, cores, busy) == threads
+
+
+def test_the_busy_cores_are_read_from_the_run_queue_less_the_reader(tmp_path):
+    from cdnpg.training.checks import busy_cores
+
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("2.10 1.02 0.44 3/105 5824\n")  # 3 runnable: the reader and 2 others
+    assert busy_cores(samples=3, loadavg=loadavg) == 2
+    assert busy_cores(samples=1, loadavg=tmp_path / "absent") is None
+
+
+def test_a_busy_cpu_is_said_in_one_line_and_trained_on_fewer_threads_unless_omp_num_threads_is_set(
+    monkeypatch, caplog
+):
+    from cdnpg.training import checks
+
+    args = parse_args(["--do_train", "--use_cpu", "true", "--output_dir", "unused"])[2]
+    monkeypatch.setattr(checks, "busy_cores", lambda: len(os.sched_getaffinity(0)))  # every core busy
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: chosen.append(threads))
+    chosen = []
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    checks.choose_cpu_threads(args)
+    assert chosen == []  # the user's choice
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    with caplog.at_level("WARNING", logger="cdnpg.training"):
+        checks.choose_cpu_threads(args)
+    assert chosen == [1]
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert "cores are busy with other processes: training on 1 thread instead of 2" in line
+    assert "OMP_NUM_THREADS" in line and "\n" not in line

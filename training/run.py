@@ -9,21 +9,25 @@
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 training/run.py ...
 
 Arguments come from the command line, or a JSON / YAML file given first (later flags override it); a flag or key is
-taken by its full name only, and every one is checked before any data is read. Every
-`Seq2SeqTrainingArguments` option works; defaults follow the paper's recipe (Section 4.2): the paper's model
-(`CDNPGConfig`'s defaults), AdamW, lr 5e-5, linear schedule with 5,000 warm-up steps, batch 32, sentences truncated
-to 20 tokens, beam 8, model selection by validation loss. Data files select themselves (`--train_file`: your files,
-`--quora_file`: the raw Quora corpus, ...); without any, the embedded template corpus is used.
+taken by its full name only, and every one is checked before any data is read. Every `Seq2SeqTrainingArguments`
+option works; defaults follow the paper's recipe (Section 4.2): the paper's model (`CDNPGConfig`'s defaults), AdamW,
+lr 5e-5, linear schedule with 5,000 warm-up steps, batch 32, 30 epochs, sentences truncated to 20 tokens, beam 8,
+model selection by validation loss. As in transformers' example scripts the stages are flags (--do_train, --do_eval,
+--do_predict; paper.yaml sets all three). Data files select themselves (`--train_file`: your files, `--quora_file`:
+the raw Quora corpus, ...); without any, the embedded template corpus is used. On a CPU that other processes keep
+busy, training uses the free cores only (OMP_NUM_THREADS, when set, decides).
 
 The output directory ends up a Hub-ready checkpoint (weights, remote code, tokenizer, model card) with
 `predictions.jsonl` (source, reference, prediction on the test split), the metrics (`all_results.json`, and
 `train_results.json` / `eval_results.json` / `test_results.json` per stage) and the trainer state. The model is saved
-as soon as training ends: a later failure (scoring, model card, push) says what failed and leaves it in place.
+as soon as training ends: a later failure (scoring, model card, push) says what failed and leaves it in place. A run
+that fails or is stopped (Ctrl-C, `kill`) before its first checkpoint leaves the output directory as it found it.
 
-Everything here is the installed `cdnpg.training` package; this file is its command line (`cdnpg.training.entry`).
+`main()` is `cdnpg.training.main` (cdnpg/training/run.py), so that the package installed from a wheel runs it too.
 """
 
-from cdnpg.training.entry import cli
+from cdnpg.training import main, one_line_errors
 
 if __name__ == "__main__":
-    cli()
+    with one_line_errors():
+        main()

@@ -1,25 +1,27 @@
-"""Training and evaluation of C-DNPG, importable: `training/run.py` is `cli()`, and the benchmarks call the same
-functions.
+"""Training and evaluation of C-DNPG, importable: `training/run.py` is `main()` (module `run`), and the benchmarks
+call the same functions.
 
+- `run`: `main`, read top to bottom as transformers' run_translation.py: arguments, logging, the launch and the CPU,
+  the output folder, data, model, Trainer, train, save, evaluate, predict, card, push; `one_line_errors`, the command
+  line's error messages; `train_and_score`, main's stages for a Trainer built elsewhere (the benchmarks' baselines);
 - `arguments`: `ModelArguments` (architecture flags default to CDNPGConfig's, the paper's), `DataArguments` (the data
   source is inferred from the data flags), `CDNPGTrainingArguments` (the paper's recipe), `parse_args` (full flag
   names only), `check_arguments` (what the flags must agree on before any data is read);
-- `pipeline`: `main`, what run.py does, top to bottom: parse, check, output folder, data, model, Trainer, then train,
-  save, evaluate, predict and score (`train_and_score`), write the card, push;
-- `checks`: the launch and the hardware (processes launched together, --bf16 on a CPU that emulates it);
-- `output_dir`: the run's folder (refused when not empty, resumed, replaced; left as found by a run that fails before
-  training) and the errors that say where the model is;
+- `checks`: the launch and the hardware (processes launched together, the strategy that trains, --bf16 on a CPU that
+  emulates it, the threads of a busy CPU);
+- `output_dir`: the run's folder (refused when not empty, resumed, replaced; left as found by a run that stops before
+  its first save) and the errors that say where the model is;
 - `data`: pairs, tokenizer and features (`prepare_data`);
-- `model`: the model to train (`build_model`) and the calibration of z after training;
-- `trainer`: `CDNPGTrainer` (optimizer groups, decoding defaults, the card, the DDP / FSDP workarounds), `make_trainer`;
+- `model`: the model to train (`build_model`), the calibration of z after training and the save;
+- `trainer`: `CDNPGTrainer` (optimizer groups, the test split decoded as the checkpoint decodes, the card),
+  `make_trainer`;
+- `workarounds`: every workaround of a library limitation (DDP, FSDP2, prediction, resuming), each naming its version;
 - `scoring`: the paper's metrics on the test split's predictions, the metrics files, the card's account of the run;
 - `baselines`: transformers' BART of the same size, and bert2bert from a warm start's checkpoint;
 - `paraphrase_metrics`: the paper's metrics as an `evaluate` module (`load_metric()`, or
-  `evaluate.load(cdnpg.training.METRICS_SCRIPT)`);
-- `entry`: `cli()`, the command line.
+  `evaluate.load(cdnpg.training.METRICS_SCRIPT)`).
 
-Names load on first use (PEP 562): `training/run.py` checks its model flags before torch and transformers are
-imported, so that a missing model fails at once.
+Names load on first use (PEP 562): importing the package imports neither torch nor datasets.
 """
 
 import importlib
@@ -31,12 +33,11 @@ _EXPORTS = {
         "parse_args",
     ),
     "baselines": ("bart_config_like", "bart_like", "bert2bert"),
-    "entry": ("cli",),
-    "checks": ("check_bf16_on_cpu",),
+    "checks": ("check_bf16_on_cpu", "cpu_threads"),
     "data": ("data_name", "load_pairs", "prepare_data", "tokenize"),
     "model": ("build_config", "build_model"),
     "output_dir": ("PostTrainingError", "TrainingInterrupted"),
-    "pipeline": ("main", "train_and_score"),
+    "run": ("main", "one_line_errors", "train_and_score"),
     "scoring": ("METRICS_SCRIPT", "load_metric", "predict", "score", "write_predictions"),
     "trainer": ("CDNPGTrainer", "decoding_config", "make_trainer"),
 }  # fmt: skip

@@ -276,6 +276,7 @@ class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` with the paper's recipe (Section 4.2) as defaults."""
 
     output_dir: str = field(default="runs/cdnpg", metadata={"help": "Checkpoint, predictions and metrics go here."})
+    num_train_epochs: float = field(default=30, metadata={"help": "Paper: 30 epochs (--max_steps overrides it)."})
     learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate (paper: 5e-5)."})
     lr_scheduler_type: str = field(default="linear", metadata={"help": "Paper: linear decay after warm-up."})
     warmup_steps: float = field(default=5000, metadata={"help": "Linear warm-up steps (paper: 5,000)."})
@@ -323,6 +324,11 @@ class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self):
+        if self.max_steps <= 0 and self.max_steps != -1:  # transformers would train --num_train_epochs instead
+            raise ValueError(
+                f"--max_steps must be a number of steps above 0, or -1 (the default) to train --num_train_epochs "
+                f"epochs; got {self.max_steps}"
+            )
         for name in ("generation_novelty", "generation_keep_details"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
@@ -339,8 +345,8 @@ def configure_logging() -> None:
 class ArgumentParser(HfArgumentParser):
     """`HfArgumentParser` that takes a flag only by its full name and reports a wrong one as a `UsageError`.
 
-    argparse completes a prefix by default (`allow_abbrev`): `max_step: 10` in a recipe trained 10 steps as
-    `max_steps`, and a typo that happened to be a prefix became another setting without a word."""
+    argparse completes a prefix by default (`allow_abbrev`), which reads `max_step: 10` in a recipe as `max_steps`:
+    a typo that is a prefix of a flag would become that setting without a word."""
 
     def __init__(self, dataclass_types: Sequence[type]):
         super().__init__(dataclass_types, allow_abbrev=False)
@@ -422,21 +428,22 @@ def parse_args(
         return parser.parse_args_into_dataclasses(args=argv)
     except UsageError:
         raise
-    except ValueError as error:  # raised by a dataclass's checks (TrainingArguments', CDNPGConfig's)
-        raise UsageError(str(error)) from error
+    except ValueError as error:  # raised by a dataclass's checks (TrainingArguments', CDNPGConfig's), on one line
+        raise UsageError(" ".join(line.strip() for line in str(error).splitlines() if line.strip())) from error
 
 
 def check_stages(model_args: ModelArguments, training_args: CDNPGTrainingArguments) -> None:
     """A run trains, or evaluates a model that exists: never an untrained one, saved as if it were a result.
 
-    TrainingArguments turns `do_eval` on by itself whenever `eval_strategy` is not "no" (the default here), so a run
-    given no stage flag at all would evaluate and save a freshly initialised model and exit 0.
+    As in transformers' example scripts (run_translation.py), the stages are flags: --do_train, --do_eval,
+    --do_predict. TrainingArguments turns `do_eval` on by itself whenever `eval_strategy` is not "no" (the default
+    here), so a run given no stage flag at all would evaluate and save a freshly initialised model and exit 0.
     """
     if not training_args.do_train and not (model_args.model_name_or_path or model_args.init_from):
         raise UsageError(
-            "no --do_train: this run would evaluate and save an untrained model. Add the stage flags to run "
-            "(--do_train --do_eval --do_predict, as training/configs/paper.yaml sets them), or give "
-            "--model_name_or_path to evaluate a trained model"
+            "no --do_train: this run would evaluate and save an untrained model. As in transformers' example "
+            "scripts, the stages are flags: add --do_train (and --do_eval --do_predict to evaluate and score it, as "
+            "training/configs/paper.yaml does), or give --model_name_or_path to evaluate a trained model"
         )
 
 
@@ -444,9 +451,8 @@ def check_arguments(
     model_args: ModelArguments, data_args: DataArguments, training_args: CDNPGTrainingArguments
 ) -> None:
     """What the flags must agree on before any data is read: the stages (`check_stages`), the data files exist and,
-    for pair files, the split each stage reads is given. Without a validation file an evaluating run stopped at its
-    first evaluation with a traceback, after the data and tokenizer work; without a test file --do_predict was
-    skipped."""
+    for pair files, the split each stage reads is given: an evaluating run needs a validation file (the Trainer
+    would stop at its first evaluation, after the data and tokenizer work), --do_predict a test file."""
     check_stages(model_args, training_args)
     for flag in ("train_file", "validation_file", "test_file", "quora_file", "twitter_train_file"):
         if getattr(data_args, flag) and not Path(getattr(data_args, flag)).is_file():

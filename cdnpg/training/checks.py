@@ -1,9 +1,15 @@
-"""Checks of the launch and the hardware before training: processes launched together must train together, and
---bf16 on a CPU that emulates bfloat16 gets one line saying what it costs."""
+"""Checks of the launch and the hardware before training: processes launched together must train together, the
+strategy that trains is the one the accelerate config asked for, --bf16 on a CPU that emulates bfloat16 gets one line
+saying what it costs, and training on a busy CPU uses only the cores that are free."""
 
 import logging
 import os
+import statistics
+import time
 from pathlib import Path
+
+import torch
+from accelerate.utils import DistributedType
 
 from cdnpg.training.arguments import CDNPGTrainingArguments, UsageError
 
@@ -23,7 +29,42 @@ def check_distributed_launch(args: CDNPGTrainingArguments) -> None:
         )
 
 
-# Measured (issue 28): minilm_quora.yaml on an AVX2-only AMD EPYC, 38.7 s per step with --bf16, 2.6 s without
+def distributed_strategy(accelerator) -> str:
+    """How accelerate set up this run's processes, as the log and the model card name it."""
+    if accelerator.distributed_type == DistributedType.FSDP:
+        return f"FSDP{accelerator.state.fsdp_plugin.fsdp_version}"
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        return "DeepSpeed"
+    return "DDP" if accelerator.num_processes > 1 else "one process"
+
+
+def requested_strategy() -> str | None:
+    """What the accelerate config asked for, as `accelerate launch` tells the processes it starts."""
+    for variable, strategy in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(variable, "false").lower() == "true":
+            return strategy
+    return None
+
+
+def report_strategy(accelerator) -> None:
+    """Say which strategy trains, and warn when the config asked for another: accelerate 1.15 sets FSDP up on GPUs
+    only, and trains an FSDP config with --use_cpu true as plain DDP without a word."""
+    ran, asked = distributed_strategy(accelerator), requested_strategy()
+    processes = accelerator.num_processes
+    logger.info("Distributed strategy: %s (%d process%s)", ran, processes, "es" if processes > 1 else "")
+    if asked and not ran.startswith(asked) and accelerator.is_main_process:
+        logger.warning(
+            "The accelerate config asks for %s, but these %d processes train as %s%s",
+            asked,
+            processes,
+            ran,
+            " (a full copy of the model in each, nothing sharded): accelerate sets up FSDP on GPUs only"
+            if accelerator.device.type == "cpu"
+            else "",
+        )
+
+
+# minilm_quora.yaml on an AVX2-only AMD EPYC: 38.7 s per step with --bf16, 2.6 s without
 BF16_EMULATION_COST = "about 15x slower than without (38.7 s against 2.6 s per step of minilm_quora.yaml)"
 
 
@@ -51,3 +92,55 @@ def check_bf16_on_cpu(args: CDNPGTrainingArguments, cpuinfo: str | None = None) 
             "(or bf16: true in the recipe) to train in fp32 at full speed.",
             BF16_EMULATION_COST,
         )
+
+
+# -- Threads on a busy CPU ---------------------------------------------------------------------------------------------
+# torch runs each operation on one OpenMP thread per core, and every thread waits (spinning) for the others at the end
+# of each operation: where another process holds a core, each operation waits for the thread that shares it, and a
+# step takes several times longer than on fewer threads.
+
+THREAD_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # a user's (or launcher's) choice, always kept
+LOAD_SAMPLES = 10  # reads of the run queue, 20 ms apart: the median ignores a process that ran only for a moment
+
+
+def busy_cores(samples: int = LOAD_SAMPLES, loadavg: Path = Path("/proc/loadavg")) -> int | None:
+    """How many threads of other processes are running or waiting for a core now: the median of `samples` reads of
+    Linux's run queue (the 4th field of /proc/loadavg, `running/total`), less this process's reading thread. None
+    where it cannot be read (not Linux)."""
+    counts = []
+    for sample in range(samples):
+        try:
+            counts.append(int(loadavg.read_text().split()[3].split("/")[0]) - 1)
+        except (OSError, IndexError, ValueError):
+            return None
+        if sample + 1 < samples:
+            time.sleep(0.02)
+    return max(0, round(statistics.median(counts)))
+
+
+def cpu_threads(default: int, cores: int, busy: int | None) -> int:
+    """Threads to train on: torch's `default`, less one for each of this machine's `cores` that other processes keep
+    busy (`busy`: None when unknown), and at least one. Never more than the default: on an idle machine it is the
+    default."""
+    if busy is None:
+        return default
+    return max(1, min(default, cores - busy))
+
+
+def choose_cpu_threads(args: CDNPGTrainingArguments) -> None:
+    """On a CPU, train on the cores other processes leave free (`cpu_threads`), saying so in one line when that is
+    fewer than torch's default; OMP_NUM_THREADS or MKL_NUM_THREADS, when set, decide instead."""
+    if args.device.type != "cpu" or any(name in os.environ for name in THREAD_SETTINGS):
+        return
+    busy = busy_cores()
+    if busy is None:
+        return
+    default, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))  # Linux, as busy_cores
+    threads = cpu_threads(default, cores, busy)
+    if threads < default:
+        logger.warning(
+            "%d of this machine's %d cores are busy with other processes: training on %d thread%s instead of %d, "
+            "which would wait for the busy cores at every operation (set OMP_NUM_THREADS to choose)",
+            min(busy, cores), cores, threads, "s" if threads > 1 else "", default,
+        )  # fmt: skip
+        torch.set_num_threads(threads)

@@ -74,8 +74,8 @@ def load_pairs(args: DataArguments) -> datasets.DatasetDict:
 
 
 def check_not_empty(corpus: datasets.DatasetDict, args: DataArguments) -> None:
-    """Every split holds a pair: an empty one failed only after the tokenizer was trained, with a 36-line traceback
-    (the Trainer's "No columns in the dataset match the model's forward method signature")."""
+    """Every split holds a pair, checked before the tokenizer is trained: the Trainer would stop at an empty one with
+    a traceback ("No columns in the dataset match the model's forward method signature")."""
     origin = {
         "files": {"train": "--train_file", "validation": "--validation_file", "test": "--test_file"},
         "quora_raw": dict.fromkeys(("train", "validation", "test"), "--quora_file"),

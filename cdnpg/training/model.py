@@ -1,5 +1,5 @@
 """A run's model: the checkpoint to fine-tune, a converted pretrained one (warm start), or a new C-DNPG; and, after
-training, the calibration of z that novelty decoding reads."""
+training, the calibration of z that novelty decoding reads and the save."""
 
 import logging
 from collections import Counter
@@ -7,17 +7,19 @@ from collections.abc import Sequence
 
 import datasets
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Seq2SeqTrainer
 
 from cdnpg.calibration import calibrate_granularity
 from cdnpg.convert import convert
 from cdnpg.data import model_token_ids
 from cdnpg.training.arguments import ModelArguments, UsageError
-from cdnpg.training.trainer import fsdp_root_unsharded
+from cdnpg.training.trainer import run_decoding_config
+from cdnpg.training.workarounds import fsdp_root_unsharded
 from configuration_cdnpg import CDNPGConfig
 from modeling_cdnpg import CDNPGForConditionalGeneration
 
 logger = logging.getLogger("cdnpg.training")
+CALIBRATION_TEXTS = 2000  # training sources that calibrate_granularity reads (word frequencies and z): seconds
 
 
 def build_config(args: ModelArguments, tokenizer: PreTrainedTokenizerBase, **fields: object) -> CDNPGConfig:
@@ -84,3 +86,12 @@ def calibrate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts:
         choice["novelty_z_layer"],
         "inverted" if choice["novelty_z_inverted"] else "as learned",
     )
+
+
+def save_trained_model(trainer: Seq2SeqTrainer, corpus: datasets.DatasetDict, max_new_tokens: int) -> None:
+    """Save the run's model with its decoding defaults, and with z calibrated when it trained. Seq2SeqTrainer leaves
+    every generation default in the config (max_length too): only what the run chose is saved."""
+    trainer.model.generation_config = run_decoding_config(trainer.model, trainer.args, max_new_tokens)
+    if trainer.args.do_train:
+        calibrate(trainer.model, trainer.processing_class, corpus["train"]["source"][:CALIBRATION_TEXTS])
+    trainer.save_model()

@@ -1,14 +1,16 @@
 """The run's folder: transformers' output_dir convention (refuse a non-empty one unless the run resumes or replaces
-it), left as the run found it when the run fails before training, the checkpoint a resumed run continues from, and
-the errors that say where the model is when a run stops early: Ctrl-C (`TrainingInterrupted`) or a failure after the
-save (`PostTrainingError`)."""
+it), left as the run found it when the run fails or is stopped before its first checkpoint, the checkpoint a resumed
+run continues from, and the errors that say where the model is when a run stops early: Ctrl-C or `kill`
+(`TrainingInterrupted`) or a failure after the save (`PostTrainingError`)."""
 
 import logging
 import os
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +24,8 @@ from cdnpg.training.arguments import CDNPGTrainingArguments, UsageError
 logger = logging.getLogger("cdnpg.training")
 # What a run writes to output_dir. Any of the first marks a folder as an earlier run's, which --overwrite_output_dir
 # may remove; the results are what a resumed run replaces, so none of them outlives the run that wrote it.
-RUN_FILES = ("config.json", "trainer_state.json", "training_args.bin", "tokenizer", "all_results.json")
+TOKENIZER = "tokenizer"  # the WordPiece vocabulary a run trains, saved before training so that a resumed run keeps it
+RUN_FILES = ("config.json", "trainer_state.json", "training_args.bin", TOKENIZER, "all_results.json")
 RESULT_FILES = (
     "predictions.jsonl", "all_results.json", "train_results.json", "eval_results.json", "test_results.json", "README.md"
 )  # fmt: skip
@@ -43,10 +46,26 @@ def last_complete_checkpoint(folder: Path) -> str | None:
     return str(max(steps)[1]) if steps else None
 
 
+def rerun_command(argv: Sequence[str], *flags: str) -> str:
+    """The command that started this run (its flags `argv`, this Python), with `flags` in place of any
+    `--resume_from_checkpoint` and `--overwrite_output_dir` it had."""
+    given, replaced = list(argv), ("--resume_from_checkpoint", "--overwrite_output_dir")
+    for flag in replaced:
+        if flag in given:  # the flag and its value make way for the new ones
+            at = given.index(flag)
+            del given[at : at + 2]
+    given = [arg for arg in given if not arg.startswith(tuple(f"{flag}=" for flag in replaced))]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"<the same launch command> {shlex.join([sys.argv[0], *given, *flags])}"
+    python = Path(sys.executable)  # this interpreter, as it runs from here: .venv/bin/python in a checkout
+    python = python.relative_to(Path.cwd()) if python.is_relative_to(Path.cwd()) else python
+    return shlex.join([str(python), sys.argv[0], *given, *flags])
+
+
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run: the message names the last checkpoint and how to resume from it. `progress_bar`: a
-    progress bar may be drawn on the current line of stderr (tqdm leaves the cursor after it), so the message must
-    start a line of its own."""
+    """Ctrl-C (or `kill`) during a run: the message names the last checkpoint and how to resume from it.
+    `progress_bar`: a progress bar may be drawn on the current line of stderr (tqdm leaves the cursor after it), so the
+    message must start a line of its own."""
 
     def __init__(self, output_dir: str, argv: Sequence[str], progress_bar: bool = False):
         self.progress_bar = progress_bar
@@ -55,15 +74,24 @@ class TrainingInterrupted(KeyboardInterrupt):
         if last is None:
             message = f"interrupted before the first checkpoint in {folder}: nothing to resume, run again"
         else:
-            given = list(argv)
-            if "--resume_from_checkpoint" in given:  # the flag and its value make way for the new checkpoint
-                at = given.index("--resume_from_checkpoint")
-                del given[at : at + 2]
-            given = [arg for arg in given if not arg.startswith("--resume_from_checkpoint=")]
-            launcher = "<the same launch command>" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python"
-            command = shlex.join([sys.argv[0], *given, "--resume_from_checkpoint", last])
-            message = f"interrupted; the last checkpoint is {last}. Resume with: {launcher} {command}"
+            command = rerun_command(argv, "--resume_from_checkpoint", last)
+            message = f"interrupted; the last checkpoint is {last}. Resume with: {command}"
         super().__init__(message)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """`kill` (SIGTERM, also what a launcher sends its processes when it is stopped) stops the run as Ctrl-C does,
+    so that the folder is put back and the message names the checkpoint; Python's default would end the process at
+    once. Only the main thread can take signals: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
@@ -95,14 +123,25 @@ def check_resumable(checkpoint: str) -> None:
         )
 
 
-def check_output_dir(args: CDNPGTrainingArguments, inputs: Sequence[str | None] = ()) -> None:
+def check_output_dir(
+    args: CDNPGTrainingArguments, inputs: Sequence[str | None] = (), argv: Sequence[str] = ()
+) -> None:
     """transformers' convention: a non-empty output_dir is refused unless the run continues (--resume_from_checkpoint)
     or replaces (--overwrite_output_dir) the one there, so nothing of an earlier run is silently reused or mixed in.
-    Checks only: nothing is changed."""
+    Checks only: nothing is changed. `argv`: the run's flags, for the command a refusal suggests."""
     if args.resume_from_checkpoint:
         check_resumable(args.resume_from_checkpoint)
     folder = Path(args.output_dir)
+    existing = next(path for path in (folder, *folder.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == folder else f"is inside {existing}, a file"
+        raise UsageError(f"--output_dir {folder} {where}, not a folder: choose another --output_dir")
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    if [path.name for path in entries] == [TOKENIZER] and not args.overwrite_output_dir:
+        raise UsageError(
+            f"--output_dir {folder} holds only the tokenizer of a run stopped before its first checkpoint (nothing "
+            f"to resume). Run again, replacing it: {rerun_command(argv, '--overwrite_output_dir', 'true')}"
+        )
     if entries and not args.overwrite_output_dir and not args.resume_from_checkpoint:
         raise UsageError(
             f"--output_dir {folder} is not empty ({', '.join(path.name for path in entries[:4])}"
@@ -128,19 +167,23 @@ def _remove(path: Path) -> None:
 
 @contextmanager
 def prepared_output_dir(
-    args: CDNPGTrainingArguments, inputs: Sequence[str | None] = ()
+    args: CDNPGTrainingArguments, inputs: Sequence[str | None] = (), argv: Sequence[str] = ()
 ) -> Iterator[Callable[[], None]]:
-    """The run's folder, checked (`check_output_dir`); the body prepares the run (data, tokenizer, model, Trainer)
-    and calls the function it is given just before training. Until then the run may fail (an empty data file, a
-    model that does not load, Ctrl-C) and the folder is put back as the run found it: a rerun with the input fixed
-    is not refused for the tokenizer the failed run left, and --overwrite_output_dir keeps the earlier run until the
-    new one trains (its files wait in a folder beside it). At the start of training the earlier run is removed
-    (replacing), or its results are (resuming: predictions, metrics and card are written anew)."""
-    check_output_dir(args, inputs)
+    """The run's folder, checked (`check_output_dir`); the body prepares the run (data, tokenizer, model, Trainer),
+    calls the function it is given just before training, and trains.
+
+    Until the first checkpoint (or the model) is saved the run may fail or be stopped (an empty data file, a model
+    that does not load, Ctrl-C, `kill`) and the folder is put back as the run found it: a rerun is not refused for the
+    tokenizer the stopped run left, and --overwrite_output_dir keeps the earlier run (its files wait in a folder beside
+    it) until the new one has saved something. A resumed run removes the earlier results (predictions, metrics, card:
+    written anew) when it starts training, and keeps its folder from then on. Only `kill -9` leaves the tokenizer
+    behind: `check_output_dir` then says so and gives the command to run again."""
+    check_output_dir(args, inputs, argv)
     folder = Path(args.output_dir)
     existed = folder.is_dir()
     found = {path.name for path in folder.iterdir()} if existed else set()
-    replacing = bool(found) and args.overwrite_output_dir and not args.resume_from_checkpoint
+    resuming = bool(args.resume_from_checkpoint)
+    replacing = bool(found) and args.overwrite_output_dir and not resuming
     main_process = args.process_index == 0
     aside: Path | None = None
     PartialState().wait_for_everyone()  # every process has looked before the main one changes anything
@@ -154,30 +197,41 @@ def prepared_output_dir(
     def start_training() -> None:
         nonlocal started
         PartialState().wait_for_everyone()
-        if aside is not None:
-            logger.info("Removing the earlier run in %s (--overwrite_output_dir)", folder)
-            shutil.rmtree(aside)
-        elif found and main_process:
+        if resuming and main_process:
             for name in RESULT_FILES:
                 if name in found and (folder / name).exists():
                     _remove(folder / name)
         started = True
         PartialState().wait_for_everyone()
 
+    def saved_something() -> bool:
+        return (folder / "config.json").is_file() or last_complete_checkpoint(folder) is not None
+
     try:
         yield start_training
     except BaseException:
-        if not started and main_process:  # the other processes fail alike, or wait for the main one in vain
-            if aside is not None:
-                for path in folder.iterdir():
-                    _remove(path)
-                for name in found:
-                    os.replace(aside / name, folder / name)
-                aside.rmdir()
-            elif not existed:
-                shutil.rmtree(folder, ignore_errors=True)
-            elif folder.is_dir():
-                for path in folder.iterdir():
-                    if path.name not in found:
-                        _remove(path)
+        if main_process and not (started and (resuming or saved_something())):
+            # the other processes fail alike, or wait for the main one in vain
+            put_back(folder, existed, found, aside)
+            aside = None
         raise
+    finally:
+        if aside is not None:
+            logger.info("Removed the earlier run in %s (--overwrite_output_dir)", folder)
+            shutil.rmtree(aside)
+
+
+def put_back(folder: Path, existed: bool, found: set[str], aside: Path | None) -> None:
+    """The folder as a run found it: what the run added removed, and the earlier run it was replacing (in `aside`)
+    moved back."""
+    if not existed:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    if folder.is_dir():
+        for path in folder.iterdir():
+            if aside is not None or path.name not in found:
+                _remove(path)
+    if aside is not None:
+        for name in found:
+            os.replace(aside / name, folder / name)
+        aside.rmdir()

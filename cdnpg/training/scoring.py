@@ -11,7 +11,8 @@ import datasets
 import evaluate
 from transformers import Seq2SeqTrainer
 
-from cdnpg.training.trainer import distributed_strategy
+from cdnpg.training.checks import distributed_strategy
+from cdnpg.training.paraphrase_metrics import common_words
 
 METRICS_SCRIPT = Path(__file__).with_name("paraphrase_metrics.py")  # an `evaluate` module, shipped in the package
 
@@ -30,6 +31,23 @@ def predict(trainer: Seq2SeqTrainer, features: datasets.Dataset) -> tuple[list[s
     ids = output.predictions
     ids[ids < 0] = trainer.processing_class.pad_token_id  # the padding between batches of different lengths
     return trainer.processing_class.batch_decode(ids, skip_special_tokens=True), output.metrics
+
+
+def predict_and_score(
+    trainer: Seq2SeqTrainer,
+    corpus: datasets.DatasetDict,
+    features: datasets.Dataset,
+    metric: evaluate.EvaluationModule,
+) -> dict[str, float]:
+    """Beam search on the tokenized test split (`features`) with the model's decoding defaults, scored with the paper's
+    metrics against `corpus["test"]` (with the training text's `common_words`: the numbers and rare words kept), and
+    written to `predictions.jsonl`. The Trainer's metrics and the scores, as `test_*` keys."""
+    predictions, metrics = predict(trainer, features)
+    if trainer.is_world_process_zero():
+        texts = [*corpus["train"]["source"], *corpus["train"]["target"]] if "train" in corpus else []
+        metrics.update(score(metric, predictions, corpus["test"], common_words(texts) if texts else None))
+        write_predictions(Path(trainer.args.output_dir) / "predictions.jsonl", corpus["test"], predictions)
+    return metrics
 
 
 def score(
