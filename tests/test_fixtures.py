@@ -1,6 +1,6 @@
 """The tiny trained paraphrasers of conftest.py are what the decoding tests rely on: the same weights in every process
 whatever ran before (the thread count, the default dtype, the global RNG), and models that cannot prove cache parity
-are refused, with the next seed tried (issue 38: two CI runs failed on a model that repeated one token)."""
+are refused, with the next seed tried: a model that repeats one token decodes alike with and without its past."""
 
 import json
 import os

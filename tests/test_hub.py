@@ -448,7 +448,7 @@ def test_checkpoint_with_the_papers_bert_tokenizer_generates_from_its_tokenizer_
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Where a model loads from: a missing one fails at once (issue 10.5)
+# Where a model loads from: a missing one fails at once
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -516,7 +516,7 @@ def test_an_existing_path_that_is_not_a_model_directory_is_named(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The installed package carries its data files (issue 10.2)
+# The installed package carries its data files
 # ---------------------------------------------------------------------------------------------------------------------
 
 
