@@ -382,13 +382,26 @@ def test_training_on_a_cpu_takes_the_cores_other_processes_leave_free(default, c
     assert cpu_threads(default, cores, busy) == threads
 
 
-def test_the_busy_cores_are_read_from_the_run_queue_less_the_reader(tmp_path):
+def test_the_busy_cores_are_the_running_threads_of_other_processes_at_this_priority_or_above(tmp_path):
     from cdnpg.training.checks import busy_cores
 
-    loadavg = tmp_path / "loadavg"
-    loadavg.write_text("2.10 1.02 0.44 3/105 5824\n")  # 3 runnable: the reader and 2 others
-    assert busy_cores(samples=3, loadavg=loadavg) == 2
-    assert busy_cores(samples=1, loadavg=tmp_path / "absent") is None
+    def thread(pid: int, tid: int, state: str, nice: int) -> None:
+        folder = tmp_path / str(pid) / "task" / str(tid)
+        folder.mkdir(parents=True)
+        fields = [state, *["0"] * 15, str(nice), "1", "0"]  # proc(5): state is field 3, niceness field 19
+        (folder / "stat").write_text(f"{tid} (python -c while True) " + " ".join(fields) + "\n")
+
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "stat").write_text("")
+    own, nice = os.getpid(), os.nice(0)
+    thread(own, own, "R", nice)  # this process and its OpenMP workers: never counted
+    thread(own, own + 1, "R", nice)
+    thread(1, 1, "R", nice)  # another process running at this priority, on two threads
+    thread(1, 2, "R", nice - 1)
+    thread(2, 2, "S", nice)  # sleeping
+    thread(3, 3, "R", nice + 5)  # running at a lower priority: it yields its core
+    assert busy_cores(samples=3, proc=tmp_path) == 2
+    assert busy_cores(samples=1, proc=tmp_path / "absent") is None
 
 
 def test_a_busy_cpu_is_said_in_one_line_and_trained_on_fewer_threads_unless_omp_num_threads_is_set(

@@ -100,22 +100,36 @@ def check_bf16_on_cpu(args: CDNPGTrainingArguments, cpuinfo: str | None = None) 
 # step takes several times longer than on fewer threads.
 
 THREAD_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # a user's (or launcher's) choice, always kept
-LOAD_SAMPLES = 10  # reads of the run queue, 20 ms apart: the median ignores a process that ran only for a moment
+LOAD_SAMPLES = 10  # reads of the running threads, 20 ms apart: the median ignores a process that ran only for a moment
 
 
-def busy_cores(samples: int = LOAD_SAMPLES, loadavg: Path = Path("/proc/loadavg")) -> int | None:
-    """How many threads of other processes are running or waiting for a core now: the median of `samples` reads of
-    Linux's run queue (the 4th field of /proc/loadavg, `running/total`), less this process's reading thread. None
-    where it cannot be read (not Linux)."""
+def running_threads(proc: Path, pid: int, nice: int) -> int:
+    """Threads of processes other than `pid` that are running or waiting for a core (state R) at niceness `nice` or
+    less: the ones that hold a core against this process. A thread of a lower priority (higher niceness) yields its
+    core, and this process's own threads (its OpenMP workers among them) are what the count is for."""
+    count = 0
+    for stat in proc.glob("[0-9]*/task/[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except (OSError, IndexError):
+            continue  # ended while being read
+        state, niceness = fields[0], int(fields[16])  # fields 3 and 19 of proc(5)'s /proc/[pid]/stat
+        count += state == "R" and niceness <= nice and int(stat.parts[-4]) != pid
+    return count
+
+
+def busy_cores(samples: int = LOAD_SAMPLES, proc: Path = Path("/proc")) -> int | None:
+    """How many cores other processes keep busy now: the median of `samples` counts of `running_threads`. None
+    where /proc cannot tell (not Linux)."""
+    if not (proc / "self" / "stat").is_file():
+        return None
+    pid, nice = os.getpid(), os.nice(0)
     counts = []
     for sample in range(samples):
-        try:
-            counts.append(int(loadavg.read_text().split()[3].split("/")[0]) - 1)
-        except (OSError, IndexError, ValueError):
-            return None
+        counts.append(running_threads(proc, pid, nice))
         if sample + 1 < samples:
             time.sleep(0.02)
-    return max(0, round(statistics.median(counts)))
+    return round(statistics.median(counts))
 
 
 def cpu_threads(default: int, cores: int, busy: int | None) -> int:
