@@ -88,16 +88,16 @@ class CDNPGConfig(PretrainedConfig):
             Whether cross-attention gets the resonance mask (eq. 6) with z_i from the decoder queries and z_j from
             the encoder states through the cross-attention's own granularity head, as the released code does. The
             scope mask is never applied in cross-attention. Ignored when `granularity_mask="none"`.
-        compile_granularity_masks (`bool`, defaults to `False`):
+        compile_granularity_masks (`bool`, *optional*):
             Build the granularity mask of eqs. 4-9 and its gradient with `torch.compile` (the mask alone; the model
-            stays eager): one generated kernel forward and about one backward per attention module instead of about
-            10 and 17 aten kernels, which on a GPU, where the paper-size model is launch-bound, sets the step time
-            (docs/speed.md). With `copy_mechanism`, the copy's attention and mixture run compiled too (about 90 aten
-            kernels of a training step become about 10). Each mask kind, dtype and grad mode compiles once, at first
-            use (seconds; on CPU it needs a C++ compiler); lengths do not recompile; up to 64 variants compile for
-            each such function (the process's dynamo recompile limit is left as it is). Values and gradients equal
-            the default path's to float rounding. The masks ignore it with `granularity_mask="none"`,
-            `granularity_mask_mode="multiply"` and flex attention.
+            stays eager; `granularity_kernels.py`): one generated kernel forward and about one backward per attention
+            module instead of one per operation, which on a GPU, where the paper-size model is launch-bound, sets the
+            step time (docs/speed.md). With `copy_mechanism`, the copy's attention and mixture run compiled too.
+            `None` (the default): compiled on CUDA, eager elsewhere (one CPU thread is arithmetic-bound, and inductor's
+            C++ compile would add minutes); `True` or `False` force it. Each mask kind, dtype and grad mode compiles
+            once per process, at first use; lengths do not recompile. Where compiling is unavailable or fails, the
+            masks run eagerly after one warning. Values and gradients equal the eager path's to float rounding.
+            `granularity_mask="none"` and `granularity_mask_mode="multiply"` ignore it.
         lm_head_transform (`bool`, defaults to `False`):
             Put BERT's masked-LM prediction head before the (tied) output projection: a dense d_model -> d_model
             layer, `activation_function`, a LayerNorm, and a vocabulary bias on the logits. The paper's model has
@@ -161,7 +161,7 @@ class CDNPGConfig(PretrainedConfig):
         granularity_mask_mode: str = "log_bias",
         scope_epsilon: float = 2.0,
         cross_attention_granularity: bool = True,
-        compile_granularity_masks: bool = False,
+        compile_granularity_masks: bool | None = None,
         initializer_range: float = 0.02,
         lm_head_transform: bool = False,
         copy_mechanism: str | None = None,
@@ -234,9 +234,10 @@ class CDNPGConfig(PretrainedConfig):
                 raise ValueError(
                     f"copy_excluded_token_ids must be token ids in [0, vocab_size={self.vocab_size}), got {outside[:5]}"
                 )
-        if not isinstance(self.compile_granularity_masks, bool):
+        if not (self.compile_granularity_masks is None or isinstance(self.compile_granularity_masks, bool)):
             raise ValueError(
-                f"compile_granularity_masks must be True or False, got {self.compile_granularity_masks!r}"
+                f"compile_granularity_masks must be None (compiled on CUDA), True or False, got "
+                f"{self.compile_granularity_masks!r}"
             )
         if not self.scope_epsilon > 0:
             raise ValueError(f"scope_epsilon must be > 0 (eq. 8), got {self.scope_epsilon!r}")
