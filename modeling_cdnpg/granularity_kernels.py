@@ -64,18 +64,19 @@ class CompiledAlone:
     limit is never changed: other compiled functions (flex attention's, say) keep the one their user set.
 
     Where torch.compile is unavailable or compiling fails (no Triton, no C++ compiler, an unsupported Python), the
-    call runs `function` eagerly and every later call does too, after one warning naming the error. The error of a
-    call that fails eagerly as well is that call's own, and is raised.
+    call runs `function` eagerly, and so does every later call of every compiled function in the process, after one
+    warning naming the error. The error of a call that fails eagerly as well is that call's own, and is raised.
     """
+
+    failed = False  # set by the first failure, for the whole process: compiling does not work here
 
     def __init__(self, function: Callable, backend: str):
         self.function, self.backend = function, backend
         self.compiled: Callable | None = None  # built at the first call
-        self.failed = False
         functools.update_wrapper(self, function)
 
     def __call__(self, *args):
-        if self.failed:
+        if CompiledAlone.failed:
             return self.function(*args)
         try:  # compiling happens inside the first calls of each variant: any failure there falls back
             if self.compiled is None:
@@ -85,7 +86,7 @@ class CompiledAlone:
             return self.compiled(*args)
         except Exception as error:
             output = self.function(*args)  # raises the call's own error where the formula fails eagerly too
-            self.failed = True
+            CompiledAlone.failed = True
             reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
             logger.warning(
                 f"torch.compile of {self.function.__name__} failed ({type(error).__name__}: {reason}); it runs "

@@ -1,4 +1,4 @@
-"""torch.compile as a first-class path (issue 39): the training forward of every mask and copy gate and a cached
+"""torch.compile as a first-class path: the training forward of every mask and copy gate and a cached
 decoding step are one graph each (`torch._dynamo.explain`: a graph break would run those ops eagerly and split the
 CUDA graph); a compiled loss and its gradients equal eager's; beam search with a static cache and a compiled forward
 (docs/speed.md, "Compiled decoding") decodes what eager does; `training/run.py --torch_compile true` trains,

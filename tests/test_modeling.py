@@ -136,7 +136,7 @@ def test_none_mask_is_plain_scaled_dot_product_attention():
 
 
 def test_none_without_masks_lets_sdpa_choose_its_kernel_and_equals_the_masked_path(monkeypatch):
-    """`none` builds no float mask where nothing is padded (issue 39): SDPA gets no mask in the encoder and the
+    """`none` builds no float mask where nothing is padded: SDPA gets no mask in the encoder and the
     cross-attention when no attention_mask is given, and `is_causal` in the decoder's first pass, so that it may pick
     a fused kernel as it does for BART. The outputs equal those of all-ones masks and of the eager path."""
     model = tiny_model(granularity_mask="none")
