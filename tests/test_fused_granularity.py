@@ -115,6 +115,8 @@ def test_the_bias_compiled_alone_traces_the_paper_formula_in_value_and_gradient(
 def test_inductors_kernels_of_the_bias_equal_the_paper_formula_in_value_and_gradient():
     """The kernels a GPU runs (as Triton; C++ here), on the layout that takes every rule: both masks, padded keys
     (N by a cumulative sum), causality and its blocked keys."""
+    torch.compiler.reset()  # inductor from dynamo's first state: after other backends' graphs, torch 2.13 may read
+    # an incompatible graph from inductor's on-disk cache
     assert_bias_equals_the_paper_formula("product", compiled=True, names=("decoder",))
 
 
