@@ -148,6 +148,9 @@ def flex_attention_forward(
             "flex_attention has no attention dropout: train with 'sdpa' or 'eager', or set attention_dropout=0."
         )
 
+    if attention_mask is not None:  # (b, 1, i, j) to be read per query and key: a view where built broadcast
+        attention_mask = attention_mask.expand(query.shape[0], 1, query.shape[2], key.shape[2])
+
     def add_mask(score, batch, head, query_index, key_index):
         return score + attention_mask[batch, 0, query_index, key_index]
 

@@ -233,13 +233,10 @@ def key_distance(query_positions: torch.Tensor, key_count: int) -> torch.Tensor:
 
 @dataclass
 class AttentionLayout:
-    """Which keys each query may see, built once per stack from its padding mask and passed to its layers.
-
-    key_padding: (b, j) bool, True for real keys, or None where the caller passed no mask (every key is real).
-    query_positions: (i,) the queries' positions, where new keys and logits are written in a cache. key_count: j, the
-    keys (a static cache's capacity). causal: query i sees keys at positions <= its own. takes_is_causal: nothing but
-    causality blocks a key (no padding, no cache) and the backend is SDPA, which takes `is_causal` instead of a mask.
-    """
+    """Which keys each query may see, built once per stack and passed to its layers: key_padding (b, j) True for real
+    keys, or None (no mask given: every key is real); query_positions (i,), where a cache writes new keys; key_count j
+    (a static cache's capacity); causal: query i sees keys at positions <= its own; takes_is_causal: only causality
+    blocks a key, and SDPA is told `is_causal` instead of given a mask."""
 
     key_padding: torch.Tensor | None
     query_positions: torch.Tensor
@@ -372,30 +369,20 @@ def attention_function(implementation: str, head_dim: int, device: torch.device)
     return attention_with_aligned_heads(attention, head_dim, device) if implementation == "sdpa" else attention
 
 
-def takes_is_causal(config: CDNPGConfig, output_attentions: bool) -> bool:
-    """Whether causal self-attention runs on SDPA given `is_causal` instead of a mask, when nothing but causality
-    blocks a key: plain attention ("none"), neither the weights nor the literal eq. 9 asked (the reference path)."""
-    return config._attn_implementation == "sdpa" and config.granularity_mask == "none" and not output_attentions
-
-
 # ------------------------------------------------------------------------------------------------------------------
 # The cache: transformers' key/value layout, plus the granularity logits of every cached token
 # ------------------------------------------------------------------------------------------------------------------
 
 
 class GranularityCache(EncoderDecoderCache):
-    """An `EncoderDecoderCache` that also keeps the granularity logits W_G h (eq. 4) of every cached decoder token,
-    per self-attention layer: the resonance and scope masks of a new query need z of all the keys it sees.
+    """An `EncoderDecoderCache` that also keeps the granularity logits W_G h (eq. 4) of every cached decoder token
+    (the masks of a new query read z of all the keys it sees) and of the encoder states (computed at the first step).
 
-    Keys and values stay in transformers' layout, (b, h, t, d_head). The logits live in `granularity_logits_cache`, a
-    third cache of the same kind as the self-attention cache (a dynamic one that grows, or a static one preallocated
-    to the same length), as keys (b, 1, t, 1) beside empty values (b, 1, t, 0): transformers' caches store keys and
-    values, and a logit needs one of them. The logits of the encoder states, which cross-attention's resonance mask
-    reads at every step, are computed at the first step and kept in `cross_granularity_logits_cache`, of the
-    cross-attention cache's kind, as the cross-attention keys and values are. Everything generation does to the cache
-    (reorder beams, crop, reset, select or repeat batch rows) is done to them too. The model wraps whatever
-    `EncoderDecoderCache` it is given (e.g. the static cache of `generate(cache_implementation="static")`) at the
-    first decoding step.
+    Keys and values stay in transformers' layout, (b, h, t, d_head). The logits live in two more caches of the kinds
+    of the self- and cross-attention caches (dynamic, or static of the same lengths), as keys (b, 1, t, 1) beside
+    empty values (b, 1, t, 0), and follow whatever generation does to the cache (reorder beams, crop, reset, select or
+    repeat batch rows). The model wraps any `EncoderDecoderCache` it is given (e.g. the static cache of
+    `generate(cache_implementation="static")`) at the first decoding step.
     """
 
     def __init__(
@@ -582,8 +569,6 @@ class CDNPGAttention(nn.Module):
         if output_attentions:  # the weights themselves come from the reference path
             implementation = "eager"
         attention_mask = attention_bias(layout, query_states.dtype, kind, logits_query, logits_key, epsilon, compiled)
-        if attention_mask is not None:  # (b, 1, i, j), as flex attention indexes it: a view of a broadcast mask
-            attention_mask = attention_mask.expand(query_states.shape[0], 1, query_states.shape[2], -1)
         attend = attention_function(implementation, self.head_dim, query_states.device)
         attn_output, attn_weights = attend(
             self,
@@ -964,15 +949,12 @@ class CDNPGDecoder(CDNPGStack):
                     f"holds at most {capacity} and {num_queries} are new."
                 )
             key_padding = F.pad(attention_mask.bool(), (0, key_length - attention_mask.shape[-1]), value=True)
-        # N of eq. 8 for query i is what query i can see, i + 1: cached decoding equals a full forward.
-        # Queries from position 0 over themselves alone, unpadded, are SDPA's `is_causal`.
-        plain_causal = key_padding is None and capacity is None and past_length == 0
+        # N of eq. 8 for query i is what query i can see, i + 1: cached decoding equals a full forward. Plain
+        # attention on SDPA (not the reference path of the weights) over nothing but the new tokens takes `is_causal`
+        sdpa = self.config._attn_implementation == "sdpa" and self.config.granularity_mask == "none"
+        plain_causal = sdpa and not output_attentions and key_padding is None and capacity is None and past_length == 0
         self_layout = AttentionLayout(
-            key_padding,
-            query_positions,
-            key_length,
-            causal=True,
-            takes_is_causal=plain_causal and takes_is_causal(self.config, output_attentions),
+            key_padding, query_positions, key_length, causal=True, takes_is_causal=plain_causal
         )
         source_padding = encoder_attention_mask.bool() if encoder_attention_mask is not None else None
         cross_layout = AttentionLayout(source_padding, query_positions, encoder_hidden_states.shape[1], causal=False)

@@ -442,9 +442,9 @@ def test_auto_classes_know_the_model_after_import(tmp_path):
         ("granularity_mask", "both", "granularity_mask must be one of"),
         ("granularity_mask_mode", "add", "granularity_mask_mode must be one of"),
         ("scope_epsilon", 0.0, "scope_epsilon must be > 0"),
-        ("compile_granularity_masks", "yes", "compile_granularity_masks must be None"),
+        ("compile_granularity_masks", "yes", r"compile_granularity_masks must be one of \(None, True, False\)"),
         ("encoder_attention_heads", 5, "encoder_attention_heads must be a positive integer dividing d_model=32"),
-        ("decoder_layers", 0, "decoder_layers must be a positive integer"),
+        ("decoder_layers", 0, "decoder_layers must be an integer >= 1"),
         ("dropout", 1.5, "dropout must be in"),
     ],
 )
