@@ -46,24 +46,28 @@ def compiled_runs(monkeypatch) -> list[str]:
     return runs
 
 
-def layouts():
+def layouts(device: str = "cpu"):
     """(name, layout, number of queries, number of keys) of each kind of attention the model builds."""
-    padding = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]], dtype=torch.bool)
-    yield "encoder", AttentionLayout(padding, torch.arange(6), 6, causal=False), 6, 6
-    yield "decoder", AttentionLayout(padding, torch.arange(6), 6, causal=True), 6, 6
-    yield "cached step", AttentionLayout(padding, torch.tensor([4, 5]), 6, causal=True), 2, 6
-    yield "cross", AttentionLayout(padding[:, :5], torch.arange(3), 5, causal=False), 3, 5
+    padding = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]], dtype=torch.bool).to(device)
+    all_six, last_two = torch.arange(6, device=device), torch.tensor([4, 5], device=device)
+    yield "encoder", AttentionLayout(padding, all_six, 6, causal=False), 6, 6
+    yield "decoder", AttentionLayout(padding, all_six, 6, causal=True), 6, 6
+    yield "cached step", AttentionLayout(padding, last_two, 6, causal=True), 2, 6
+    yield "cross", AttentionLayout(padding[:, :5], all_six[:3], 5, causal=False), 3, 5
     # no padding mask given: N of every query follows from its position alone
-    yield "encoder, unpadded", AttentionLayout(None, torch.arange(6), 6, causal=False), 6, 6
-    yield "decoder, unpadded", AttentionLayout(None, torch.arange(6), 6, causal=True), 6, 6
-    yield "cached step, unpadded", AttentionLayout(None, torch.tensor([4, 5]), 6, causal=True), 2, 6
+    yield "encoder, unpadded", AttentionLayout(None, all_six, 6, causal=False), 6, 6
+    yield "decoder, unpadded", AttentionLayout(None, all_six, 6, causal=True), 6, 6
+    yield "cached step, unpadded", AttentionLayout(None, last_two, 6, causal=True), 2, 6
 
 
 def reference_bias(kind, layout, z_query, z_key, dtype=torch.float64):
     """The paper's formula, clamped, logged and masked; N of eq. 8 counted key by key (the real keys each query
     sees) and |i - j| and the blocked keys from the positions, none read from the model's helpers."""
-    keys, positions = torch.arange(layout.key_count), layout.query_positions
-    real = layout.key_padding if layout.key_padding is not None else torch.ones(len(z_query), layout.key_count).bool()
+    positions = layout.query_positions
+    keys = torch.arange(layout.key_count, device=positions.device)
+    real = layout.key_padding
+    if real is None:
+        real = torch.ones(len(z_query), layout.key_count, dtype=torch.bool, device=positions.device)
     seen = real[:, None, :] & ((keys <= positions[:, None]) if layout.causal else True)  # (b, i, j)
     length = seen.sum(-1, keepdim=True).double() if kind != "resonance" else None
     distance = (positions[:, None] - keys).abs().double()
@@ -72,20 +76,20 @@ def reference_bias(kind, layout, z_query, z_key, dtype=torch.float64):
     return bias.masked_fill(~seen[:, None], torch.finfo(dtype).min)
 
 
-def random_logits(batch, length, seed):
+def random_logits(batch, length, seed, device="cpu"):
     """W_G h whose sigmoid z spreads over (0, 1) and beyond 0.5 on both sides: every branch of eqs. 6 and 8 taken."""
     generator = torch.Generator().manual_seed(seed)
-    return 3 * torch.randn(batch, length, generator=generator, dtype=torch.float64)
+    return 3 * torch.randn(batch, length, generator=generator, dtype=torch.float64).to(device)
 
 
-def assert_bias_equals_the_paper_formula(kind, compiled, names=None):
+def assert_bias_equals_the_paper_formula(kind, compiled, names=None, device="cpu"):
     """`attention_bias` of `kind` on the layouts `names` (all by default) against `reference_bias`, in value and in
     the gradient with respect to W_G h of queries and keys."""
-    for name, layout, queries, keys in layouts():
+    for name, layout, queries, keys in layouts(device):
         if (names and name not in names) or (name == "cross" and kind != "resonance"):
             continue  # cross-attention has the resonance mask only
-        logits_query = random_logits(3, queries, 0).requires_grad_()
-        logits_key = random_logits(3, keys, 1).requires_grad_()
+        logits_query = random_logits(3, queries, 0, device).requires_grad_()
+        logits_key = random_logits(3, keys, 1, device).requires_grad_()
         if name.startswith(("encoder", "decoder")):  # self-attention without a cache: one z per token, queries = keys
             logits_key = logits_query
         bias = attention_bias(layout, torch.float64, kind, logits_query, logits_key, EPSILON, compiled=compiled)
@@ -93,6 +97,7 @@ def assert_bias_equals_the_paper_formula(kind, compiled, names=None):
         torch.testing.assert_close(bias, expected, rtol=1e-12, atol=1e-12, msg=f"{kind}, {name}")
 
         upstream = torch.randn(bias.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        upstream = upstream.to(device)
         # the scope mask reads z of the queries alone
         inputs = (logits_query,) if logits_key is logits_query or kind == "scope" else (logits_query, logits_key)
         got = torch.autograd.grad(bias, inputs, upstream)
@@ -118,6 +123,34 @@ def test_inductors_kernels_of_the_bias_equal_the_paper_formula_in_value_and_grad
     torch.compiler.reset()  # inductor from dynamo's first state: after other backends' graphs, torch 2.13 may read
     # an incompatible graph from inductor's on-disk cache
     assert_bias_equals_the_paper_formula("product", compiled=True, names=("decoder",))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["resonance", "product"])
+def test_on_cuda_the_default_bias_is_compiled_and_equals_the_paper_formula_in_value_and_gradient(kind, compiled_runs):
+    """What a GPU user's model runs by default: the bias compiled by inductor into Triton kernels, on every layout."""
+    assert_bias_equals_the_paper_formula(kind, compiled=None, device="cuda")
+    assert "granularity_bias" in compiled_runs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_a_default_model_trains_as_with_eager_masks(compiled_runs):
+    """The default configuration on CUDA compiles the masks and the copy formulas: the loss and every gradient of
+    a padded batch equal those of the eager masks (compile_granularity_masks=False)."""
+    results = {}
+    for setting in (False, None):
+        overrides = {"granularity_mask": "product", "copy_mechanism": "granularity", "dropout": 0.0}
+        model = tiny_model(**overrides, attention_dropout=0.0, compile_granularity_masks=setting).cuda().train()
+        inputs = {"input_ids": INPUT_IDS, "attention_mask": (INPUT_IDS != 0).long(), "labels": LABELS}
+        loss = model(**{name: tensor.cuda() for name, tensor in inputs.items()}).loss
+        loss.backward()
+        results[setting] = loss.detach(), {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+        assert ("granularity_bias" in compiled_runs) is (setting is None)
+    (loss, grads), (eager_loss, eager_grads) = results[None], results[False]
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == eager_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize(("kind", "compiled"), [(kind, False) for kind in KINDS] + [("product", True)])
