@@ -129,19 +129,18 @@ def padded(attention: Callable) -> Callable:
 
 def flex_attention_forward(
     module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    query: torch.Tensor,  # (b, h, i, d)
+    key: torch.Tensor,  # (b, h, j, d)
+    value: torch.Tensor,  # (b, h, j, d)
+    attention_mask: torch.Tensor | None,  # (b or 1, 1, i or 1, j)
     scaling: float,
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Flex attention (transformers' attention-function signature) adding the mask (b, 1, i, j) to each score inside
     its kernel. transformers' own function reads the mask as mask[b][0][q][kv], which torch 2.13's inductor compiles
-    for a CPU into out-of-bounds accesses (a corrupted heap); read as mask[b, 0, q, kv] it is exact.
-
-    query (b, h, i, d), key/value (b, h, j, d) -> output (b, i, h, d).
+    for a CPU into out-of-bounds accesses (a corrupted heap); read as mask[b, 0, q, kv] it is exact. Returns the
+    output (b, i, h, d).
     """
     if dropout > 0:
         raise ValueError(

@@ -264,22 +264,16 @@ class AttentionLayout:
 
 
 def layout_granularity_mask(
-    kind: str,
-    logits_query: torch.Tensor,
-    logits_key: torch.Tensor,
-    key_padding: torch.Tensor | None,
-    query_positions: torch.Tensor,
-    causal: bool,
-    epsilon: float,
+    kind: str, logits_query: torch.Tensor, logits_key: torch.Tensor, layout: AttentionLayout, epsilon: float
 ) -> torch.Tensor:
     """M (b, i, j) of eqs. 4-9 (`granularity_mask`) from the granularity logits W_G h of the queries (b, i) and keys
-    (b, j), with N and |i - j| of eq. 8 from the layout's tensors (`visible_keys`, `key_distance`)."""
+    (b, j), with N and |i - j| of eq. 8 from the layout (`visible_keys`, `key_distance`)."""
     z_i, z_j = torch.sigmoid(logits_query)[:, :, None], torch.sigmoid(logits_key)[:, None, :]  # eq. 4
     length = distance = None
     if kind != "resonance":  # the resonance mask reads neither N nor |i - j|
-        key_count = logits_key.shape[-1]
-        length = visible_keys(key_padding, query_positions, causal, key_count)[:, :, None].to(z_i.dtype)
-        distance = key_distance(query_positions, key_count).to(z_i.dtype)
+        key_padding, positions, key_count = layout.key_padding, layout.query_positions, logits_key.shape[-1]
+        length = visible_keys(key_padding, positions, layout.causal, key_count)[:, :, None].to(z_i.dtype)
+        distance = key_distance(positions, key_count).to(z_i.dtype)
     return granularity_mask(kind, z_i, z_j, length, distance, epsilon)
 
 
@@ -287,9 +281,7 @@ def granularity_bias(
     kind: str,
     logits_query: torch.Tensor,
     logits_key: torch.Tensor,
-    key_padding: torch.Tensor | None,
-    query_positions: torch.Tensor,
-    causal: bool,
+    layout: AttentionLayout,
     epsilon: float,
     dtype: torch.dtype,
 ) -> torch.Tensor:
@@ -297,9 +289,9 @@ def granularity_bias(
     key is visible, the dtype's minimum where it is blocked (`blocked_keys`). Everything it reads from the layout is
     computed here from the padding (b, j) and the positions, so that compiled (`granularity_kernels.fast`) the whole
     mask, eq. 4's sigmoid and the blocking are one generated kernel forward and about one backward."""
-    mask = layout_granularity_mask(kind, logits_query, logits_key, key_padding, query_positions, causal, epsilon)
+    mask = layout_granularity_mask(kind, logits_query, logits_key, layout, epsilon)
     bias = mask.clamp(min=MASK_FLOOR).log()[:, None].to(dtype)
-    blocked = blocked_keys(key_padding, query_positions, causal, logits_key.shape[-1])
+    blocked = blocked_keys(layout.key_padding, layout.query_positions, layout.causal, logits_key.shape[-1])
     return bias if blocked is None else bias.masked_fill(blocked, torch.finfo(dtype).min)
 
 
@@ -318,8 +310,7 @@ def attention_bias(
     if kind == "none":
         return layout.padding_bias(dtype)
     bias = fast(granularity_bias, compiled, logits_query.device)
-    key_padding, positions = layout.key_padding, layout.query_positions
-    return bias(kind, logits_query, logits_key, key_padding, positions, layout.causal, epsilon, dtype)
+    return bias(kind, logits_query, logits_key, layout, epsilon, dtype)
 
 
 def eager_attention_forward(
@@ -562,9 +553,7 @@ class CDNPGAttention(nn.Module):
         kind, epsilon, compiled = self.mask_kind, self.config.scope_epsilon, self.config.compile_granularity_masks
         if logits_query is not None and self.config.granularity_mask_mode == "multiply":
             # GA, the literal eq. 9: M (b, i, j) scales the softmax output, the additive mask is padding only
-            extra["multiplier"] = layout_granularity_mask(
-                kind, logits_query, logits_key, layout.key_padding, layout.query_positions, layout.causal, epsilon
-            )
+            extra["multiplier"] = layout_granularity_mask(kind, logits_query, logits_key, layout, epsilon)
             implementation, kind = "eager", "none"
         if output_attentions:  # the weights themselves come from the reference path
             implementation = "eager"

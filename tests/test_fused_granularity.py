@@ -281,7 +281,7 @@ def test_on_a_torch_without_a_per_function_limit_the_masks_compile_under_the_pro
     layout = AttentionLayout(None, torch.arange(4), 4, causal=True)
     logits = random_logits(1, 4, 0)
     bias = granularity_kernels.CompiledAlone(modeling_cdnpg.granularity_bias, "inductor")(
-        "scope", logits, logits, None, layout.query_positions, True, EPSILON, torch.float64
+        "scope", logits, logits, layout, EPSILON, torch.float64
     )
     assert calls == [{"dynamic": True, "backend": "inductor"}]
     assert torch._dynamo.config.recompile_limit == limit
