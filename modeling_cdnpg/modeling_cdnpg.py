@@ -788,10 +788,9 @@ class CDNPGStack(CDNPGPreTrainedModel):
         past_length: int | torch.Tensor = 0,
         capacity: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token (scaled when `scale_embedding`; `inputs_embeds` are taken as given) plus position embeddings, and the
-        positions: `past_length` onwards, after the tokens already in a cache. The positions are checked against the
-        table from Python ints, never by reading a tensor (a host sync on a GPU): a static cache's length is a
-        tensor, and its `capacity` bounds every position it can hold."""
+        """Token (scaled when `scale_embedding`; `inputs_embeds` as given) plus position embeddings, and the positions
+        (`past_length` onwards). They are checked against the table from Python ints, never from a tensor (a host
+        sync on a GPU): a static cache's length is a tensor, and its `capacity` bounds every position it holds."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Pass exactly one of input_ids or inputs_embeds to the {type(self).__name__}.")
         if inputs_embeds is None:
@@ -844,8 +843,7 @@ class CDNPGEncoder(CDNPGStack):
     ) -> CDNPGEncoderOutput:
         r"""
         token_type_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): accepted because
-            BERT tokenizers return them; C-DNPG has no segment embeddings, so they must be all 0 (one sentence per
-            input, no sentence pairs).
+            BERT tokenizers return them; all 0 (C-DNPG has no segment embeddings: one sentence per input).
         output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer.
         output_attentions, output_hidden_states (`bool`, *optional*): default: the config's.
 
@@ -1157,13 +1155,11 @@ class CopyMechanism(nn.Module):
     one-head attention of the decoder state over the encoder states. Returned as log-probabilities, which pass through
     log_softmax unchanged, so the loss, label smoothing and every decoding mode read them as logits.
 
-    Gates (`CDNPGConfig.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]) with c_t the copy context; `granularity`,
-    C-DNPG's decomposition decides: α re-weighted by the source tokens' z (details are copied) and ρ_t = z of the
-    decoder position, both from the last decoder layer's cross-attention granularity head.
-    `copy_excluded_token_ids` are never pointed at (ρ_t = 0 where the source holds nothing else).
-    The attention's and the mixture's elementwise formulas (`copy_attention`, `copy_distribution`) run compiled where
-    the masks do (`granularity_kernels.fast`): a few generated kernels around the GEMMs instead of about 45 aten
-    kernels forward and 45 backward.
+    Gates (`CDNPGConfig.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]) with c_t the copy context; `granularity`:
+    α re-weighted by the source tokens' z (details are copied) and ρ_t = z of the decoder position, both from the last
+    decoder layer's cross-attention granularity head. `copy_excluded_token_ids` are never pointed at (ρ_t = 0 where
+    the source holds nothing else). The formulas (`copy_attention`, `copy_distribution`) run compiled where the masks
+    do (`granularity_kernels.fast`): a few generated kernels instead of about 45 aten kernels each way.
     """
 
     def __init__(self, config: CDNPGConfig):
@@ -1246,16 +1242,14 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         **kwargs: Unpack[CDNPGModelKwargs],
     ) -> CDNPGSeq2SeqLMOutput:
         r"""
-        encoder_outputs, inputs_embeds: see `CDNPGModel.forward`; named here because `generate()` and transformers'
-            tests look for them by name.
+        encoder_outputs, inputs_embeds: see `CDNPGModel.forward` (named: `generate()` looks for them by name).
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`): target ids, -100 where ignored; the
             decoder inputs are derived from them when not given.
-        logits_to_keep (`int` or `torch.Tensor`): compute logits only for the last `logits_to_keep` decoder
-            positions (0: all), or for the given positions; generation asks for the last one.
-        num_items_in_batch: the number of target tokens in the whole (gradient-accumulated, all-process) batch, as
-            passed by `Trainer`; the loss is then the token sum divided by it, so that it stays the mean token loss
-            whatever the number of processes or accumulation steps.
-        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), passed to it as given. Everything
+        logits_to_keep (`int` or `torch.Tensor`): logits only for the last `logits_to_keep` decoder positions (0:
+            all), or for the given positions; generation asks for the last one.
+        num_items_in_batch: the target tokens of the whole (accumulated, all-process) batch, as `Trainer` passes it:
+            the loss is the token sum divided by it, the mean token loss whatever the processes or accumulation.
+        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), passed on as given; everything
             after `attention_mask` is keyword-only, so that no positional argument lands in the wrong place.
         """
         if labels is not None:
