@@ -1,5 +1,5 @@
-"""The faster ways C-DNPG runs its own formulas: compiled alone (`fast`), and attention heads zero-padded for SDPA's
-fused kernels on CUDA (`attention_with_aligned_heads`).
+"""The faster ways C-DNPG runs its own formulas and attention: compiled alone (`fast`), attention heads zero-padded
+for SDPA's fused kernels on CUDA (`attention_with_aligned_heads`), flex attention adding the mask in its kernel.
 
 This file holds no formula. `fast(function, ...)` runs one of modeling_cdnpg.py's functions, the granularity bias of
 eqs. 4-9 (`granularity_bias`) or the copy mechanism's attention and mixture, compiled with `torch.compile` on its
@@ -26,7 +26,7 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 COMPILED_BY_DEFAULT_ON = frozenset({"cuda"})  # devices where compile_granularity_masks=None compiles
-COMPILE_BACKEND = "inductor"  # torch.compile's default; tests of the model's wiring (not of inductor) use "aot_eager"
+COMPILE_BACKEND = "inductor"  # torch.compile's; tests of the wiring, not of inductor, use dynamo's "eager" backends
 COMPILED_VARIANTS = 64  # variants each compiled function may compile, past dynamo's default limit of 8
 # SDPA's fused kernels that take an additive mask (memory-efficient, cuDNN) need a head_dim that is a multiple of 8 in
 # bf16/fp16 (4 in fp32); the paper's is 450 / 9 = 50, which leaves SDPA on its unfused math path. On these devices
