@@ -50,7 +50,13 @@ TESTED_TRANSFORMERS = ("4.57.6", "5.24.0")
 # The model code a checkpoint carries (save_pretrained copies it with its relative imports): what refresh_model_code
 # replaces.
 PARAPHRASE_DEFAULTS = ("novelty", "keep_details")  # generation config rules the pipeline applies unasked (card)
-REMOTE_CODE_FILES = ("configuration_cdnpg.py", "modeling_cdnpg.py", "generation_cdnpg.py", "pipeline_cdnpg.py")
+REMOTE_CODE_FILES = (
+    "configuration_cdnpg.py",
+    "modeling_cdnpg.py",
+    "granularity_kernels.py",
+    "generation_cdnpg.py",
+    "pipeline_cdnpg.py",
+)
 
 
 def resolve_model_source(name_or_path: str | os.PathLike[str]) -> str:

@@ -1,10 +1,7 @@
 """Configuration of C-DNPG (Gu et al., "Continuous Decomposition of Granularity for Neural Paraphrase Generation",
-COLING 2022).
-
-Self-contained on purpose: this file is copied next to the weights of every saved checkpoint, so that
-`AutoConfig.from_pretrained(..., trust_remote_code=True)` works where this package is not installed. It imports
-only `transformers`. Supported: transformers 4.57.x and 5.x.
-"""
+COLING 2022). Self-contained: copied next to the weights of every saved checkpoint, so that
+`AutoConfig.from_pretrained(..., trust_remote_code=True)` works where this package is not installed; it imports only
+`transformers` (4.57.x and 5.x)."""
 
 import copy
 
@@ -39,16 +36,13 @@ class CDNPGConfig(PretrainedConfig):
         vocab_size (`int`, defaults to 30522):
             Size of the shared token embedding (bert-base-uncased's WordPiece vocabulary in the paper).
         max_position_embeddings (`int`, defaults to 512):
-            Number of learned positions. The paper truncates sentences to 20 tokens; the table is larger so that
-            longer inputs are not refused.
+            Number of learned positions (the paper truncates sentences to 20 tokens; longer inputs are not refused).
         position_offset (`int`, defaults to 0):
-            Row of the position table that position 0 reads: BART's tables reserve their first 2 rows. The table has
-            `max_position_embeddings + position_offset` rows.
+            Row of the position table (`max_position_embeddings + position_offset` rows) that position 0 reads: 2 in BART.
         scale_embedding (`bool`, defaults to `False`):
             Multiply token embeddings by sqrt(d_model) before adding positions (BART's `scale_embedding`).
         layernorm_embedding (`bool`, defaults to `False`):
-            A LayerNorm over token + position embeddings at the bottom of each stack, as BART and BERT have; the
-            paper's model (eq. 3) has none.
+            A LayerNorm over token + position embeddings at the bottom of each stack, as in BART and BERT (not eq. 3).
         d_model (`int`, defaults to 450):
             Hidden size of every layer (Section 4.2: "hidden size 450").
         encoder_layers (`int`, defaults to 3):
@@ -72,65 +66,55 @@ class CDNPGConfig(PretrainedConfig):
         attention_dropout (`float`, defaults to 0.1):
             Dropout on the (granularity-adjusted) attention probabilities of eq. 9.
         activation_dropout (`float`, *optional*):
-            Dropout after the feed-forward non-linearity. `None` (the default, what every earlier checkpoint did):
-            `dropout`. BERT has none there: `cdnpg.convert.from_bert` sets 0, `from_bart` BART's own value.
+            Dropout after the feed-forward non-linearity; `None` (the default): `dropout`. BERT has none there:
+            `cdnpg.convert.from_bert` sets 0, `from_bart` BART's own value.
         granularity_mask (`str`, defaults to `"resonance"`):
             Which granularity mask adjusts encoder and decoder self-attention (eq. 9 and the ablation of Table 4):
             `"resonance"` (C, eq. 6; the paper's C-DNPG (R)), `"scope"` (S, eq. 8), `"product"` (C ⊙ S),
             `"mean"` ((C + S) / 2) or `"none"` (a plain Transformer, the paper's baseline: no granularity heads).
         granularity_mask_mode (`str`, defaults to `"log_bias"`):
-            How the mask adjusts attention (eq. 9). `"log_bias"` adds `log(max(mask, 1e-32))` to the logits before
-            the softmax, i.e. multiplies and renormalises, as the authors' released code does; `"multiply"` multiplies
-            the softmax output (the literal eq. 9, rows no longer sum to 1) and always runs the eager attention path.
+            How the mask adjusts attention (eq. 9): `"log_bias"` adds `log(max(mask, 1e-32))` to the logits (multiplies
+            and renormalises, as the released code does); `"multiply"` multiplies the softmax output (the literal eq. 9,
+            rows no longer sum to 1) on the eager attention path.
         scope_epsilon (`float`, defaults to 2.0):
             The window ε of the scope mask (eq. 7 and 8): a phrase-level token (z = 1) sees neighbours within ε.
         cross_attention_granularity (`bool`, defaults to `True`):
-            Whether cross-attention gets the resonance mask (eq. 6) with z_i from the decoder queries and z_j from
-            the encoder states through the cross-attention's own granularity head, as the released code does. The
-            scope mask is never applied in cross-attention. Ignored when `granularity_mask="none"`.
-        compile_granularity_masks (`bool`, defaults to `False`):
-            Build the granularity mask of eqs. 4-9 and its gradient with `torch.compile` (the mask alone; the model
-            stays eager): one generated kernel forward and about one backward per attention module instead of about
-            10 and 17 aten kernels, which on a GPU, where the paper-size model is launch-bound, sets the step time
-            (docs/speed.md). With `copy_mechanism`, the copy's attention and mixture run compiled too (about 90 aten
-            kernels of a training step become about 10). Each mask kind, dtype and grad mode compiles once, at first
-            use (seconds; on CPU it needs a C++ compiler); lengths do not recompile; up to 64 variants compile for
-            each such function (the process's dynamo recompile limit is left as it is). Values and gradients equal
-            the default path's to float rounding. The masks ignore it with `granularity_mask="none"`,
-            `granularity_mask_mode="multiply"` and flex attention.
+            Whether cross-attention gets the resonance mask (eq. 6), z_i of the decoder queries and z_j of the encoder
+            states from its own granularity head, as in the released code (never the scope mask). Needs a GA mask.
+        compile_granularity_masks (`bool`, *optional*):
+            Run the granularity mask of eqs. 4-9 (and the copy mechanism's formulas) compiled alone by `torch.compile`
+            (`granularity_kernels.py`; the model stays eager): one generated kernel forward and about one backward
+            per attention module instead of one per operation, which sets a GPU's step time (docs/speed.md). `None`
+            (the default): on CUDA, not on a CPU (arithmetic-bound, where inductor's C++ compile adds minutes);
+            `True`/`False` force it. Each mask kind, dtype and grad mode compiles once per process; lengths do not
+            recompile; where compiling fails the masks run eagerly after one warning. Same values and gradients.
         lm_head_transform (`bool`, defaults to `False`):
-            Put BERT's masked-LM prediction head before the (tied) output projection: a dense d_model -> d_model
-            layer, `activation_function`, a LayerNorm, and a vocabulary bias on the logits. The paper's model has
-            none; a warm start from a BERT-family encoder learns markedly faster with it, as transformers'
-            bert2bert (`EncoderDecoderModel`) has it (docs/warm_start.md), so `from_bert` sets it.
+            Put BERT's masked-LM prediction head before the (tied) output projection: dense d_model -> d_model,
+            `activation_function`, LayerNorm, and a vocabulary bias. Not in the paper; a warm start from a BERT-family
+            encoder learns markedly faster with it, as in transformers' bert2bert (docs/warm_start.md): `from_bert`.
         copy_mechanism (`str`, *optional*):
             A pointer over the source tokens mixed with the vocabulary distribution, P(y) = (1 - ρ) P_gen(y) +
             ρ P_copy(y) (the paper's Transformer+Copy baseline of Table 2; DNPG's eq. 8; See et al. 2017):
             `"learned"` (ρ from the decoder state and the copy context) or `"granularity"` (the copy attention
-            weighted by the source tokens' z and ρ = z of the decoder position, both from the last decoder layer's
-            cross-attention granularity head: details are copied, templates generated; needs granularity heads in
-            cross-attention). `None` (the default, every earlier checkpoint): no copying.
+            weighted by the source tokens' z, ρ = z of the decoder position, both from the last cross-attention's
+            granularity head: details are copied, templates generated). `None` (the default): no copying.
         copy_excluded_token_ids (`list[int]`, *optional*):
-            Token ids the copy never points at, so that they come from the vocabulary distribution alone: the
-            training text's most frequent tokens (the template's words and the special tokens), leaving the pointer
-            to the details, as Gulcehre et al. (2016) point only at rare words. `None`: any source token is copied.
+            Token ids the copy never points at: the training text's most frequent tokens (template words, special
+            tokens), leaving the pointer to the details, as Gulcehre et al. (2016) point at rare words only.
         initializer_range (`float`, defaults to 0.02):
             Standard deviation of the normal initialisation of all weight matrices and embeddings.
         use_cache (`bool`, defaults to `True`):
             Whether the decoder returns its key/value (and granularity) cache for incremental decoding.
         tie_word_embeddings (`bool`, defaults to `True`):
-            Share one embedding matrix between the encoder's input, the decoder's input and the LM head (Section
-            4.2). `False` gives each its own, as in transformers' BART.
+            One embedding matrix for the encoder's input, the decoder's input and the LM head (Section 4.2).
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, default 0, 101, 102, 101):
-            `PretrainedConfig`'s special token ids, defaulting to bert-base-uncased's [PAD], [CLS], [SEP] and [CLS]
-            (decoding starts at [CLS] and ends at [SEP]).
+            bert-base-uncased's [PAD], [CLS], [SEP] and [CLS]: decoding starts at [CLS] and ends at [SEP].
         custom_pipelines (`dict`, defaults to the text2text-generation pipeline of `pipeline_cdnpg.py`):
             Read by `transformers.pipeline`; saved with every checkpoint.
     """
 
     model_type = "cdnpg"
-    # the output fields Trainer.prediction_step leaves out of the logits: the cache, under its name in transformers
-    # >= 5.24 and before
+    # the output fields Trainer.prediction_step leaves out of the logits: the cache, under its names in 5.24 and 4.57
     keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {
         "hidden_size": "d_model",
@@ -161,7 +145,7 @@ class CDNPGConfig(PretrainedConfig):
         granularity_mask_mode: str = "log_bias",
         scope_epsilon: float = 2.0,
         cross_attention_granularity: bool = True,
-        compile_granularity_masks: bool = False,
+        compile_granularity_masks: bool | None = None,
         initializer_range: float = 0.02,
         lm_head_transform: bool = False,
         copy_mechanism: str | None = None,
@@ -206,14 +190,12 @@ class CDNPGConfig(PretrainedConfig):
 
     def _validate(self) -> None:
         """Fail at construction, naming the field, rather than with a shape error deep inside a forward pass."""
-        if self.granularity_mask not in GRANULARITY_MASKS:
-            raise ValueError(f"granularity_mask must be one of {GRANULARITY_MASKS}, got {self.granularity_mask!r}")
-        if self.granularity_mask_mode not in GRANULARITY_MASK_MODES:
-            raise ValueError(
-                f"granularity_mask_mode must be one of {GRANULARITY_MASK_MODES}, got {self.granularity_mask_mode!r}"
-            )
-        if self.copy_mechanism not in COPY_MECHANISMS:
-            raise ValueError(f"copy_mechanism must be one of {COPY_MECHANISMS}, got {self.copy_mechanism!r}")
+        choices = {"granularity_mask": GRANULARITY_MASKS, "granularity_mask_mode": GRANULARITY_MASK_MODES,
+                   "copy_mechanism": COPY_MECHANISMS, "compile_granularity_masks": (None, True, False)}  # fmt: skip
+        for name, allowed in choices.items():  # compared with their types: 1 is not True, nor "1" 1
+            value = getattr(self, name)
+            if (type(value), value) not in {(type(choice), choice) for choice in allowed}:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if self.copy_mechanism == "granularity" and (
             self.granularity_mask == "none" or not self.cross_attention_granularity
         ):
@@ -234,39 +216,23 @@ class CDNPGConfig(PretrainedConfig):
                 raise ValueError(
                     f"copy_excluded_token_ids must be token ids in [0, vocab_size={self.vocab_size}), got {outside[:5]}"
                 )
-        if not isinstance(self.compile_granularity_masks, bool):
-            raise ValueError(
-                f"compile_granularity_masks must be True or False, got {self.compile_granularity_masks!r}"
-            )
-        if not self.scope_epsilon > 0:
-            raise ValueError(f"scope_epsilon must be > 0 (eq. 8), got {self.scope_epsilon!r}")
-        for name in (
-            "vocab_size",
-            "d_model",
-            "encoder_layers",
-            "decoder_layers",
-            "encoder_ffn_dim",
-            "decoder_ffn_dim",
-        ):
+        minimums = {"vocab_size": 1, "d_model": 1, "encoder_layers": 1, "decoder_layers": 1, "encoder_ffn_dim": 1,
+                    "decoder_ffn_dim": 1, "max_position_embeddings": 2, "position_offset": 0}  # fmt: skip
+        for name, minimum in minimums.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
         for name in ("encoder_attention_heads", "decoder_attention_heads"):
             heads = getattr(self, name)
             if not isinstance(heads, int) or heads < 1 or self.d_model % heads:
                 raise ValueError(f"{name} must be a positive integer dividing d_model={self.d_model}, got {heads!r}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
-            if value is None and name == "activation_dropout":
-                continue
-            if not 0.0 <= value < 1.0:
+            if not ((value is None and name == "activation_dropout") or 0.0 <= value < 1.0):
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-        if not isinstance(self.max_position_embeddings, int) or self.max_position_embeddings < 2:
-            raise ValueError(f"max_position_embeddings must be an integer >= 2, got {self.max_position_embeddings!r}")
-        if not isinstance(self.position_offset, int) or self.position_offset < 0:
-            raise ValueError(f"position_offset must be an integer >= 0, got {self.position_offset!r}")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        for name in ("scope_epsilon", "layer_norm_eps"):  # eq. 8's window; LayerNorm's
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
 
 __all__ = ["COPY_MECHANISMS", "GRANULARITY_MASKS", "GRANULARITY_MASK_MODES", "CDNPGConfig"]

@@ -19,28 +19,27 @@ Deliberate differences from the released code, each covered by a test:
   code's renormalised product), so that any attention backend that takes an additive mask runs GA-attention (eager,
   SDPA, flex attention, through transformers' attention interface). The literal eq. 9 ("multiply" mode) runs eager.
 - Decoding is incremental with transformers' caches (dynamic or static): keys and values keep the standard layout,
-  z of the cached decoder tokens is kept beside them in a `GranularityCache`, and so is z of the encoder states (the
-  cross-attention keys), computed at the first step. The cache is the argument and output field `cache` on
-  transformers >= 5.24 and `past_key_values` before (`CACHE_NAME`); both are taken.
+  and the granularity logits W_G h of the cached decoder tokens and of the encoder states (the cross-attention keys,
+  computed at the first step) are kept beside them in a `GranularityCache`.
 - A keyword argument the model does not use is an error (`refuse_unused`), never dropped: a renamed argument of a
   later transformers fails loudly instead of decoding without it.
 
-Eqs. 6-9 and the log bias run as one autograd node per attention module (`GranularityBias`), whose gradient with
-respect to z is written out: a fraction of the kernels autograd runs through the elementwise formula. The paper-named
-functions (`resonance_mask`, `scope_mask`, `granularity_mask`) are its specification, which the tests compare it to in
-value and gradient, and what flex attention and the literal eq. 9 run. A training step or a cached decoding step
-reads no tensor on the host (a sync on a GPU); only `token_type_ids`, when given, are checked for segment 1.
+The paper-named functions (`resonance_mask`, `scope_mask`, `granularity_mask`) are the specification, and
+`granularity_bias` turns them into attention's additive mask. Attention carries W_G h, the logit of z, and each mask
+applies eq. 4's sigmoid itself. `granularity_kernels.fast` runs the bias (and the copy mechanism's formulas) compiled
+on its own where `config.compile_granularity_masks` says (default: on CUDA): one generated kernel forward and about
+one backward instead of one per operation. A training step or a cached decoding step reads no tensor on the host (a
+sync on a GPU); only `token_type_ids`, when given, are checked for segment 1.
 
 Shape legend: b batch, h heads, i query positions, j key positions, d model width.
 Supported: transformers 4.57.x and 5.x. This file is copied into every saved checkpoint (remote code), so it imports
-only torch, transformers (and safetensors, which transformers requires) and its sibling configuration file.
+only torch, transformers (and safetensors, which transformers requires) and its sibling files.
 """
 
 import functools
-import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -64,6 +63,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_cdnpg import CDNPGConfig
+from .granularity_kernels import attention_with_aligned_heads, fast, flex_attention_forward
 
 if TYPE_CHECKING:  # never imported here, but transformers copies a model's relative imports with its remote code
     from .generation_cdnpg import paraphrase  # noqa: F401  (4.57 copies only a model file's direct imports)
@@ -71,49 +71,25 @@ if TYPE_CHECKING:  # never imported here, but transformers copies a model's rela
 
 logger = logging.get_logger(__name__)
 
-COMPILED_VARIANTS = 64  # variants each function of `compiled_alone` may compile, past dynamo's default of 8
 MASK_FLOOR = 1e-32  # smallest mask value before the log (released code): log(1e-32) ≈ -73.7, i.e. weight ~ 0
-# SDPA's fused kernels that take an additive mask (memory-efficient, cuDNN) need a head_dim that is a multiple of 8 in
-# bf16/fp16 (4 in fp32); the paper's is 450 / 9 = 50, which left GA on SDPA's unfused math path (issue 39). On these
-# devices the heads are zero-padded to the next multiple (`padded_heads`): on a CPU the padding would only cost.
-HEAD_DIM_ALIGNMENT = 8
-PADDED_HEAD_DEVICES = frozenset({"cuda"})
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# The transformers version: the cache's name, and what every model's forward is passed
-# ------------------------------------------------------------------------------------------------------------------
-
-# transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache` (the old name works, with
-# a deprecation warning, until 5.40); 4.57 knows only `past_key_values`. The model returns the cache under the name
-# of the version it runs on, and takes it under either.
-CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
-# What transformers passes to a model's forward beyond its named arguments, which C-DNPG reads elsewhere or has no
-# use for: the output flags (`CDNPGStack.output_flags`), 4.57 generate()'s `cache_position` (positions come from
-# the cache) and the `tokenizer` given to generate() (for stop strings), which 5.24 hands on to the forward.
-PASSED_TO_EVERY_MODEL = frozenset({"output_attentions", "output_hidden_states", "cache_position", "tokenizer"})
 # The arguments of generation_cdnpg.paraphrase() that generate() refuses by name, pointing there
 PARAPHRASE_ARGUMENTS = frozenset(
     {"novelty", "keep_details", "allow_copy", "rank_by", "novelty_z_layer", "novelty_z_inverted"}
 )
 
 
-def upcast(tensor: torch.Tensor) -> torch.Tensor:
-    """At least float32: the masks and probabilities built from z stay exact under bf16/fp16, and a float64 model
-    stays float64 throughout."""
-    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+# ------------------------------------------------------------------------------------------------------------------
+# transformers version shims: each names the version it is for; delete it with that version's support
+# ------------------------------------------------------------------------------------------------------------------
 
-
-def refuse_unused(kwargs: dict, forward: str) -> None:
-    """An argument the model does not use is an error, not something to drop: when transformers renames an argument
-    (5.24 renamed `past_key_values` to `cache`), decoding must fail, not run silently without it."""
-    unused = sorted(set(kwargs) - PASSED_TO_EVERY_MODEL)
-    if unused:
-        raise TypeError(
-            f"{forward}() got argument(s) C-DNPG does not use: {', '.join(unused)} (transformers "
-            f"{transformers.__version__}). If transformers passed them, this model's code predates that version: "
-            "update the checkpoint's modeling_cdnpg.py (docs/compatibility.md)."
-        )
+# 5.24 renamed the cache argument and output field `past_key_values` to `cache` (the old name works, with a
+# deprecation warning, until 5.40); 4.57 knows only `past_key_values`. The model returns the cache under the name of
+# the version it runs on, and takes it under either (`takes_cache_by_either_name`).
+CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+# What transformers passes to a model's forward beyond its named arguments, which C-DNPG reads elsewhere or has no
+# use for: the output flags (all versions; `CDNPGStack.output_flags`), 4.57 generate()'s `cache_position` (positions
+# come from the cache) and 5.24 generate()'s `tokenizer` (given to generate() for stop strings).
+PASSED_TO_EVERY_MODEL = frozenset({"output_attentions", "output_hidden_states", "cache_position", "tokenizer"})
 
 
 def takes_cache_by_either_name(forward: Callable) -> Callable:
@@ -133,32 +109,58 @@ def takes_cache_by_either_name(forward: Callable) -> Callable:
     return renamed
 
 
+def registered_attention(implementation: str) -> Callable:
+    """transformers' attention function of that name: 5.x looks it up with `get_interface`, 4.57 by key."""
+    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # transformers 5.x
+        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    return ALL_ATTENTION_FUNCTIONS[implementation]
+
+
+class Transformers457Methods:
+    """What transformers 4.57 asks of a model and 5.x provides itself."""
+
+    def get_encoder(self, modality: str | None = None) -> nn.Module:
+        """4.57 has no default; 5.x's finds `encoder`, or the base model's."""
+        return self.encoder if hasattr(self, "encoder") else self.model.encoder
+
+    def _tie_weights(self) -> None:
+        """4.57 ties the embeddings through this hook on every module; 5.x reads `_tied_weights_keys`. The config
+        flag decides both."""
+        if isinstance(getattr(self, "shared", None), nn.Embedding) and self.config.tie_word_embeddings:
+            self.encoder.embed_tokens = self.decoder.embed_tokens = self.shared
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # The paper's concepts: granularity head (eq. 4), resonance mask (eq. 6), scope mask (eq. 8), their combination (eq. 9)
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def upcast(tensor: torch.Tensor) -> torch.Tensor:
+    """At least float32: the masks and probabilities built from z stay exact under bf16/fp16, and a float64 model
+    stays float64 throughout."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
 class GranularityHead(nn.Module):
-    """Eq. 4: z = sigmoid(W_G h), one scalar per token; z ≈ 1 phrase-level detail, z ≈ 0 sentence-level template."""
+    """Eq. 4's projection: the granularity logit W_G h (b, t), one scalar per token, whose sigmoid is z; z ≈ 1 marks
+    phrase-level detail, z ≈ 0 sentence-level template. Attention carries and caches this logit, and each mask applies
+    the sigmoid itself (`granularity_bias`), so that a compiled mask runs it inside its own kernel."""
 
     def __init__(self, d_model: int):
         super().__init__()
         self.proj = nn.Linear(d_model, 1)  # W_G (with bias)
 
-    def forward(self, hidden_states: torch.Tensor, logits: bool = False) -> torch.Tensor:
-        """z (b, t), or with `logits` W_G h before the sigmoid, for a compiled mask that runs the sigmoid itself."""
-        # at least fp32 so that the masks built from z stay exact under bf16/fp16 autocast; squeezed before the
-        # sigmoid, so that z is a tensor of its own, not a view (FSDP2 warns of a layer that returns a view)
-        logit = upcast(self.proj(hidden_states)).squeeze(-1)  # (b, t)
-        return logit if logits else torch.sigmoid(logit)
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # at least fp32 so that the masks built from z stay exact under bf16/fp16 autocast; squeezed here, so that
+        # the logit is a tensor of its own, not a view (FSDP2 warns of a layer that returns a view)
+        return upcast(self.proj(hidden_states)).squeeze(-1)  # (b, t)
 
 
 def resonance_mask(z_i: torch.Tensor, z_j: torch.Tensor) -> torch.Tensor:
     """Eq. 6, C_ij, the continuous relaxation of eq. 5 (C_ij = 1 iff z_i = z_j): template tokens (z_i ≈ 0) attend to
     template tokens, detail tokens (z_i ≈ 1) to tokens at least as detailed as themselves.
 
-    Elementwise, as the paper writes it: z_i (b, i, 1) and z_j (b, 1, j) broadcast to C (b, i, j); inside flex
-    attention they are the scalars of one query-key pair.
+    Elementwise, as the paper writes it: z_i (b, i, 1) and z_j (b, 1, j) broadcast to C (b, i, j).
     """
     return (1 - z_i) * (1 - (z_i + z_j)).clamp(min=0) + z_i * (1 - z_i + z_j).clamp(max=1)
 
@@ -193,92 +195,16 @@ def granularity_mask(
     return resonance * scope if kind == "product" else (resonance + scope) / 2
 
 
-class GranularityBias(torch.autograd.Function):
-    """GA-attention's additive mask in one autograd node: log(max(M, 1e-32)) of eqs. 6-9 where a key is visible,
-    the dtype's minimum where it is blocked, and its gradient with respect to z written out by hand.
-
-    The values of `granularity_mask` and `attention_bias` (the readable spec, against which the tests check value and
-    gradient), in fewer kernels: autograd through the elementwise formula runs about 20 kernels forward and 50
-    backward per attention module (issue 39), mostly broadcast reductions, one per term that mixes a (b, i) and a
-    (b, i, j) operand. Here the backward reuses the forward's terms and reduces over keys and over queries once
-    each. At the kinks it follows torch's convention for clamp: the gradient passes at the bounds.
-
-    z_query (b, i), z_key (b, j) or None for the queries' own z (self-attention without a cache: torch.compile
-    traces no Function given the same tensor twice); for the scope mask, base = max(N - eps, tiny) (b, i, 1) and
-    offset = |i - j| - eps (i, j) (`AttentionLayout.scope_terms`); blocked (b, 1, i or 1, j) bool or None -> bias
-    (b, 1, i, j) in `dtype`.
-    """
-
-    @staticmethod
-    def forward(ctx, z_query, z_key, kind, base, offset, blocked, dtype):
-        ctx.own_keys = z_key is None
-        z_i, z_j = z_query[:, :, None], (z_query if z_key is None else z_key)[:, None, :]  # (b, i, 1), (b, 1, j)
-        one_minus_z_i = 1 - z_i  # once, for both masks
-        below = above = relu_below = min_above = resonance = power = reach = scope = None
-        if kind != "scope":  # eq. 6: (1 - z_i) max(0, 1 - z_i - z_j) + z_i min(1, 1 - z_i + z_j)
-            below, above = one_minus_z_i - z_j, one_minus_z_i + z_j  # (b, i, j)
-            relu_below, min_above = below.clamp(min=0), above.clamp(max=1)
-            resonance = torch.addcmul(one_minus_z_i * relu_below, z_i, min_above)
-        if kind != "resonance":  # eq. 8: clamp((N - eps)^(1 - z_i) + eps - |i - j|, 0, 1)
-            power = base.pow(one_minus_z_i)  # (b, i, 1)
-            reach = power - offset  # (b, i, j)
-            scope = reach.clamp(0, 1)
-        if kind == "product":
-            mask = resonance * scope
-        elif kind == "mean":
-            mask = (resonance + scope).mul_(0.5)
-        else:
-            mask = resonance if scope is None else scope
-        clamped = mask.clamp(min=MASK_FLOOR)
-        bias = clamped.log()[:, None].to(dtype)  # (b, 1, i, j)
-        if blocked is not None:
-            bias = bias.masked_fill_(blocked, torch.finfo(dtype).min)
-        ctx.kind = kind
-        terms = (below, above, relu_below, min_above, resonance, base, power, reach, scope)
-        ctx.save_for_backward(z_i, one_minus_z_i, *terms, mask, clamped, blocked)
-        return bias
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_bias):
-        z_i, one_minus_z_i, *terms, mask, clamped, blocked = ctx.saved_tensors
-        below, above, relu_below, min_above, resonance, base, power, reach, scope = terms
-        grad = grad_bias[:, 0].to(mask.dtype)  # (b, i, j)
-        if blocked is not None:  # a blocked key's bias is a constant
-            grad = grad.masked_fill(blocked[:, 0], 0)
-        grad_mask = grad.div(clamped).masked_fill_(mask < MASK_FLOOR, 0)  # d log(max(M, floor)) / dM
-        grad_resonance = grad_scope = grad_mask
-        if ctx.kind == "product":
-            grad_resonance, grad_scope = grad_mask * scope, grad_mask * resonance
-        elif ctx.kind == "mean":
-            grad_resonance = grad_scope = grad_mask * 0.5
-        grad_z_query = grad_z_key = None
-        if resonance is not None:
-            # dC/dz_j = z_i [above <= 1] - (1 - z_i) [below >= 0]
-            # dC/dz_i = min(1, above) - max(0, below) - (1 - z_i) [below >= 0] - z_i [above <= 1]
-            through_below = grad_resonance * (below >= 0) * one_minus_z_i
-            through_above = grad_resonance * (above <= 1) * z_i
-            grad_z_key = (through_above - through_below).sum(1)  # (b, j)
-            grad_z_query = (grad_resonance * (min_above - relu_below) - through_below - through_above).sum(2)
-        if scope is not None:  # dS/dz_i = -(N - eps)^(1 - z_i) log(N - eps) where 0 <= reach <= 1
-            inside = (grad_scope * (reach == scope)).sum(2, keepdim=True)  # (b, i, 1)
-            grad_scope_z = (inside * torch.xlogy(power, base)).squeeze(2).neg_()
-            grad_z_query = grad_scope_z if grad_z_query is None else grad_z_query + grad_scope_z
-        if ctx.own_keys and grad_z_key is not None:  # z_i and z_j are the same tokens' z
-            grad_z_query, grad_z_key = grad_z_query + grad_z_key, None
-        return grad_z_query, grad_z_key, None, None, None, None, None
-
-
 # ------------------------------------------------------------------------------------------------------------------
-# Attention: which keys each query sees, the additive mask, and the attention functions
+# Attention: which keys each query sees, the additive mask, and the attention function
 # ------------------------------------------------------------------------------------------------------------------
 
 
 def visible_keys(
     key_padding: torch.Tensor | None, query_positions: torch.Tensor, causal: bool, key_count: int
 ) -> torch.Tensor:
-    """N of eq. 8 (b, i) float: the number of keys query i sees, the real keys (key_padding (b, j) True) at positions
-    up to its own (`causal`) or at any of the `key_count`. key_padding None: every key is real, N (1, i)."""
+    """N of eq. 8 (b or 1, i) float: the number of keys query i sees, the real keys (key_padding (b, j) True; None:
+    every key is real) at positions up to its own (`causal`) or at any of the `key_count`."""
     last = query_positions if causal else torch.full_like(query_positions, key_count - 1)
     if key_padding is None:  # the keys at positions 0 .. last
         return (last + 1).float()[None]
@@ -289,9 +215,9 @@ def visible_keys(
 def blocked_keys(
     key_padding: torch.Tensor | None, query_positions: torch.Tensor, causal: bool, key_count: int
 ) -> torch.Tensor | None:
-    """(b or 1, 1, i or 1, j) bool, True where a query may not see a key: padding (`key_padding`, b, j, True for real
+    """(b or 1, 1, i or 1, j) bool, True where a query may not see a key: padding (`key_padding` (b, j) True for real
     tokens; None: none is padding) and, when `causal`, keys after the query's position; None where every key is
-    visible. One rule for `AttentionLayout.blocked` and the compiled masks, which apply it inside their kernel."""
+    visible."""
     blocked = ~key_padding[:, None, None, :] if key_padding is not None else None  # (b, 1, 1, j)
     if causal:
         key_positions = torch.arange(key_count, device=query_positions.device)
@@ -307,228 +233,84 @@ def key_distance(query_positions: torch.Tensor, key_count: int) -> torch.Tensor:
 
 @dataclass
 class AttentionLayout:
-    """Which keys each query may see, computed once per stack and shared by its layers, with what the masks of all
-    its attention modules share (built on first use, once per stack).
+    """Which keys each query may see, built once per stack and passed to its layers: key_padding (b, j) True for real
+    keys, or None (no mask given: every key is real); query_positions (i,), where a cache writes new keys; key_count j
+    (a static cache's capacity); causal: query i sees keys at positions <= its own; takes_is_causal: only causality
+    blocks a key, and SDPA is told `is_causal` instead of given a mask."""
 
-    key_padding: (b, j) bool, True for real tokens. query_positions: (i,) the queries' positions in the sequence,
-    where new keys and z are written in a cache. causal: query i sees keys at positions <= its own. scoped: the
-    layout of a self-attention, which has N and distances for the scope mask (`length`, `distance`). padded: some
-    keys may be padding (False: the caller passed no mask). dense: the masks are built as tensors (`blocked`), which
-    flex attention, applying the rules per query-key pair inside its kernel, does without. plain_causal: nothing but
-    causality blocks a key (no padding, no cache), which SDPA takes as `is_causal` instead of a mask.
-    """
-
-    key_padding: torch.Tensor
+    key_padding: torch.Tensor | None
     query_positions: torch.Tensor
+    key_count: int
     causal: bool
-    scoped: bool = True
-    padded: bool = True
-    dense: bool = True
-    plain_causal: bool = False
-    shared: dict | None = None  # what the properties below build on first use, once per stack (a new dict if None)
-
-    def __post_init__(self) -> None:
-        if self.shared is None:
-            self.shared = {}
-
-    @classmethod
-    def build(
-        cls,
-        key_padding: torch.Tensor,
-        query_positions: torch.Tensor,
-        causal: bool,
-        materialize: bool = True,
-        padded: bool = True,
-        plain_causal: bool = False,
-        shared: dict | None = None,
-    ) -> "AttentionLayout":
-        """`padded=False`: the caller passed no padding mask (key_padding is all True), so only causality blocks.
-        `shared`: what this layout builds is kept there (see `cross`)."""
-        plain_causal = causal and plain_causal and not padded
-        flags = {"padded": padded, "dense": materialize, "plain_causal": plain_causal}
-        return cls(key_padding, query_positions, causal, **flags, shared=shared)
-
-    @classmethod
-    def cross(
-        cls,
-        encoder_padding: torch.Tensor,
-        query_positions: torch.Tensor,
-        materialize: bool = True,
-        padded: bool = True,
-        shared: dict | None = None,
-    ) -> "AttentionLayout":
-        """Decoder queries over encoder keys: every real encoder token is visible; no scope, so no N or distance.
-        `shared`: the `shared` of the encoder's layout over the same padding, whose blocked keys and padding bias
-        are then this layout's too (neither depends on the queries without causality; N, distances and scope terms,
-        which do, a cross-attention never reads): built once per forward instead of once per stack."""
-        flags = {"scoped": False, "padded": padded, "dense": materialize}
-        return cls(encoder_padding, query_positions, causal=False, **flags, shared=shared)
-
-    @property
-    def blocked(self) -> torch.Tensor | None:
-        """(b, 1, i or 1, j) bool, True where a query may not see a key; None where every key is visible."""
-        if "blocked" not in self.shared:
-            key_padding = self.key_padding if self.padded else None
-            key_count = self.key_padding.shape[-1]
-            self.shared["blocked"] = blocked_keys(key_padding, self.query_positions, self.causal, key_count)
-        return self.shared["blocked"]
-
-    @property
-    def length(self) -> torch.Tensor | None:
-        """N of eq. 8 (b, i) float, the number of keys query i sees; None for cross-attention (no scope mask).
-        Computed on first use: the resonance mask and plain attention have no use for it."""
-        if not self.scoped:
-            return None
-        if "length" not in self.shared:
-            batch_size, key_count = self.key_padding.shape
-            key_padding = self.key_padding if self.padded else None
-            length = visible_keys(key_padding, self.query_positions, self.causal, key_count)
-            self.shared["length"] = length.expand(batch_size, -1)
-        return self.shared["length"]
-
-    @property
-    def distance(self) -> torch.Tensor | None:
-        """|i - j| (i, j) float, for the scope mask; None for cross-attention. Computed on first use."""
-        if not self.scoped:
-            return None
-        if "distance" not in self.shared:
-            self.shared["distance"] = key_distance(self.query_positions, self.key_padding.shape[-1])
-        return self.shared["distance"]
+    takes_is_causal: bool = False
+    bias: torch.Tensor | None = field(default=None, repr=False)  # `padding_bias`, built by the first module asking
 
     def padding_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
-        """The additive mask of plain attention (b, 1, i or 1, j): 0 where a key is visible, the dtype's minimum where
-        not; None where every key is. The minimum (not -inf) keeps a fully masked row finite: it attends uniformly
-        instead of producing NaN. Built once per stack and dtype; without causality from the padding itself, not from
-        `blocked`, its negation: a kernel fewer per stack (issue 39)."""
-        if not (self.padded or self.causal):
+        """The additive mask of plain attention (b or 1, 1, i or 1, j): 0 where a key is visible, the dtype's minimum
+        where not; None where every key is visible or SDPA is told `is_causal`. The minimum (not -inf) keeps a fully
+        masked row finite: it attends uniformly instead of producing NaN. Built once per stack; without causality from
+        the padding itself, not from its negation (`blocked_keys`): a kernel fewer."""
+        if (self.key_padding is None and not self.causal) or self.takes_is_causal:
             return None
-        if ("bias", dtype) not in self.shared:
-            minimum, device = torch.finfo(dtype).min, self.key_padding.device
+        if self.bias is None or self.bias.dtype != dtype:
+            minimum, device = torch.finfo(dtype).min, self.query_positions.device
             if self.causal:
-                bias = torch.zeros(self.blocked.shape, dtype=dtype, device=device).masked_fill_(self.blocked, minimum)
+                blocked = blocked_keys(self.key_padding, self.query_positions, True, self.key_count)
+                self.bias = torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, minimum)
             else:
                 visible = self.key_padding[:, None, None, :]
-                bias = torch.full(visible.shape, minimum, dtype=dtype, device=device).masked_fill_(visible, 0.0)
-            self.shared["bias", dtype] = bias
-        return self.shared["bias", dtype]
+                self.bias = torch.full(visible.shape, minimum, dtype=dtype, device=device).masked_fill_(visible, 0.0)
+        return self.bias
 
-    def scope_terms(self, epsilon: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """What eq. 8 takes from the layout, once per stack: max(N - eps, tiny) (b, i, 1), clamped at the smallest
-        positive float (eq. 8 is undefined for N < eps, where every key lies within eps anyway, and the clamp keeps
-        the power's gradient finite), and |i - j| - eps (i, j)."""
-        if ("scope", epsilon, dtype) not in self.shared:
-            base = (self.length[:, :, None].to(dtype) - epsilon).clamp(min=torch.finfo(torch.float32).tiny)
-            self.shared["scope", epsilon, dtype] = base, self.distance.to(dtype) - epsilon
-        return self.shared["scope", epsilon, dtype]
+
+def layout_granularity_mask(
+    kind: str, logits_query: torch.Tensor, logits_key: torch.Tensor, layout: AttentionLayout, epsilon: float
+) -> torch.Tensor:
+    """M (b, i, j) of eqs. 4-9 (`granularity_mask`) from the granularity logits W_G h of the queries (b, i) and keys
+    (b, j), with N and |i - j| of eq. 8 from the layout (`visible_keys`, `key_distance`)."""
+    z_i, z_j = torch.sigmoid(logits_query)[:, :, None], torch.sigmoid(logits_key)[:, None, :]  # eq. 4
+    length = distance = None
+    if kind != "resonance":  # the resonance mask reads neither N nor |i - j|
+        key_padding, positions, key_count = layout.key_padding, layout.query_positions, logits_key.shape[-1]
+        length = visible_keys(key_padding, positions, layout.causal, key_count)[:, :, None].to(z_i.dtype)
+        distance = key_distance(positions, key_count).to(z_i.dtype)
+    return granularity_mask(kind, z_i, z_j, length, distance, epsilon)
 
 
 def granularity_bias(
     kind: str,
-    z_i: torch.Tensor,
-    z_j: torch.Tensor,
-    length: torch.Tensor | None,
-    distance: torch.Tensor | None,
+    logits_query: torch.Tensor,
+    logits_key: torch.Tensor,
+    layout: AttentionLayout,
     epsilon: float,
-    blocked: torch.Tensor | None,
     dtype: torch.dtype,
-    logits: bool = False,
 ) -> torch.Tensor:
-    """GA-attention's additive mask as the paper writes it, through autograd: log(max(M, 1e-32)) (b, 1, i, j) of
-    `granularity_mask` where a key is visible, the dtype's minimum where it is blocked. `GranularityBias` computes
-    the same in fewer aten kernels; `compiled_alone` compiles this function into one generated kernel
-    forward and about one backward. With `logits`, z_i and z_j are W_G h and eq. 4's sigmoid runs here: compiled,
-    in the mask's own kernel instead of one of its own per module."""
-    if logits:
-        z_i, z_j = torch.sigmoid(z_i), torch.sigmoid(z_j)
-    bias = granularity_mask(kind, z_i, z_j, length, distance, epsilon).clamp(min=MASK_FLOOR).log()[:, None]
-    bias = bias.to(dtype)
+    """GA-attention's additive mask (b, 1, i, j) in `dtype`: log(max(M, 1e-32)) of `layout_granularity_mask` where a
+    key is visible, the dtype's minimum where it is blocked (`blocked_keys`). Everything it reads from the layout is
+    computed here from the padding (b, j) and the positions, so that compiled (`granularity_kernels.fast`) the whole
+    mask, eq. 4's sigmoid and the blocking are one generated kernel forward and about one backward."""
+    mask = layout_granularity_mask(kind, logits_query, logits_key, layout, epsilon)
+    bias = mask.clamp(min=MASK_FLOOR).log()[:, None].to(dtype)
+    blocked = blocked_keys(layout.key_padding, layout.query_positions, layout.causal, logits_key.shape[-1])
     return bias if blocked is None else bias.masked_fill(blocked, torch.finfo(dtype).min)
-
-
-def granularity_bias_in_layout(
-    kind: str,
-    z_query: torch.Tensor,
-    z_key: torch.Tensor,
-    length: torch.Tensor | None,
-    query_positions: torch.Tensor,
-    causal: bool,
-    epsilon: float,
-    key_padding: torch.Tensor | None,
-    dtype: torch.dtype,
-    logits: bool = False,
-) -> torch.Tensor:
-    """`granularity_bias` of z_query (b, i) and z_key (b, j) with the blocked keys (`blocked_keys`, from the padding
-    (b, j) or None and causality) and |i - j| of eq. 8 (`key_distance`) computed here, and N (b, i) too where it is
-    None, which says that every key is real (`visible_keys`): compiled, they are built inside the mask's kernel
-    instead of by up to eight kernels of their own per stack (N of padded keys, a cumulative sum, is given: computed
-    once per stack, not in every module's kernel). The resonance mask reads neither N nor |i - j|."""
-    key_count = z_key.shape[-1]
-    distance = None
-    if kind != "resonance":
-        length = length if length is not None else visible_keys(None, query_positions, causal, key_count)
-        length = length[:, :, None].to(z_query.dtype)
-        distance = key_distance(query_positions, key_count).to(z_query.dtype)
-    blocked = blocked_keys(key_padding, query_positions, causal, key_count)
-    z_i, z_j = z_query[:, :, None], z_key[:, None, :]
-    return granularity_bias(kind, z_i, z_j, length, distance, epsilon, blocked, dtype, logits)
-
-
-@functools.cache
-def compiled_alone(function: Callable) -> Callable:
-    """`function` compiled on its own, once per process, for an eager model (`config.compile_granularity_masks`):
-    inductor fuses its elementwise formula into about one kernel forward and one backward (Triton on CUDA, C++ on
-    CPU), where aten launches one per op (issue 39). `granularity_bias_in_layout`, `copy_attention` and
-    `copy_distribution` run so.
-
-    Dynamic shapes: a new length compiles nothing; a new mask kind, dtype, grad mode or blocking does, once, and so
-    does a size of 1, which dynamo specialises (one query per decoding step, one source, one key). One model needs
-    about a dozen variants of the masks (17 for training, beam, greedy and uncached decoding), past dynamo's default
-    limit of 8, beyond which it would run the unfused formula. So each such function may compile `COMPILED_VARIANTS`:
-    torch.compile's own `recompile_limit` where torch has it (2.13), which applies the limit while compiling only;
-    on older torch the limit is patched around each call (about 30-60 us a call). Never the process's limit: that
-    would change how every other compiled function in the process falls back to eager (flex attention's, say)."""
-    if "recompile_limit" in inspect.signature(torch.compile).parameters:
-        return torch.compile(function, dynamic=True, recompile_limit=COMPILED_VARIANTS)
-    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # < 2.7
-    patched_limit = torch._dynamo.config.patch({limit: COMPILED_VARIANTS})
-    return patched_limit(torch.compile(function, dynamic=True))
-
-
-def compiled_if(function: Callable, compiled: bool) -> Callable:
-    """`function` compiled alone (`compiled_alone`) where `compiled`, else itself; itself inside a compiled model
-    too, whose graph then fuses the formula with the rest."""
-    return compiled_alone(function) if compiled and not torch.compiler.is_compiling() else function
 
 
 def attention_bias(
     layout: AttentionLayout,
     dtype: torch.dtype,
     kind: str = "none",
-    z_query=None,
-    z_key=None,
+    logits_query: torch.Tensor | None = None,
+    logits_key: torch.Tensor | None = None,
     epsilon: float = 0.0,
-    compiled: bool = False,
-    logits: bool = False,
+    compiled: bool | None = False,
 ) -> torch.Tensor | None:
-    """Additive float mask (b, 1, i, j): log(max(M, 1e-32)) of the granularity mask `kind` (eqs. 6-9) where a key is
-    visible, the dtype's minimum where not (`GranularityBias`, or with `compiled` the formula compiled alone); the
-    padding bias alone for `kind="none"`. With `logits`, z_query and z_key are eq. 4's W_G h, before the sigmoid."""
+    """The additive mask an attention module hands its attention function: the granularity bias of `kind`
+    (`granularity_bias`, compiled alone as `config.compile_granularity_masks` says: `granularity_kernels.fast`), or
+    for `kind="none"` the layout's padding bias alone."""
     if kind == "none":
         return layout.padding_bias(dtype)
-    if compiled:  # inside a compiled model, the formula itself: the model's graph fuses it
-        build = compiled_if(granularity_bias_in_layout, compiled)
-        length = layout.length if kind != "resonance" and layout.padded else None
-        positions = layout.query_positions
-        padding = layout.key_padding if layout.padded else None
-        return build(kind, z_query, z_key, length, positions, layout.causal, epsilon, padding, dtype, logits)
-    base = offset = None
-    if kind != "resonance":
-        base, offset = layout.scope_terms(epsilon, z_query.dtype)
-    own_keys = z_key is z_query  # passed once (see `GranularityBias`)
-    if logits:
-        z_query = torch.sigmoid(z_query)
-        z_key = z_query if own_keys else torch.sigmoid(z_key)
-    return GranularityBias.apply(z_query, None if own_keys else z_key, kind, base, offset, layout.blocked, dtype)
+    bias = fast(granularity_bias, compiled, logits_query.device)
+    return bias(kind, logits_query, logits_key, layout, epsilon, dtype)
 
 
 def eager_attention_forward(
@@ -536,7 +318,7 @@ def eager_attention_forward(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
     multiplier: torch.Tensor | None = None,
@@ -557,17 +339,6 @@ def eager_attention_forward(
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def padded_heads(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """query, key, value (b, h, t, d) with d zero-padded to a multiple of `HEAD_DIM_ALIGNMENT`, so that SDPA may
-    choose its memory-efficient kernel, which takes GA's bias and returns its gradient. Nothing changes but the
-    shapes: the zeros add nothing to q . k (the scale is passed, 1 / sqrt(d), not the padded size's), and the
-    output's padded columns are weights times zero values, sliced off by the caller."""
-    pad = -query.shape[-1] % HEAD_DIM_ALIGNMENT
-    return tuple(F.pad(states, (0, pad)) for states in (query, key, value))
-
-
 def check_attention_backend(implementation: str) -> None:
     """Refuse a backend that takes no additive mask: running it would silently drop the granularity term."""
     if "flash" in implementation or implementation.startswith("paged"):
@@ -578,111 +349,48 @@ def check_attention_backend(implementation: str) -> None:
         )
 
 
-def attention_function(config: CDNPGConfig) -> Callable:
-    """The backend `config._attn_implementation` names, from transformers' registry (so that
-    `model.set_attn_implementation` switches it at run time)."""
-    implementation = config._attn_implementation or "eager"  # None: a module built outside a PreTrainedModel
+def attention_function(implementation: str, head_dim: int, device: torch.device) -> Callable:
+    """The backend `implementation` names, from transformers' registry (so that `model.set_attn_implementation`
+    switches it at run time); SDPA on heads aligned for its fused kernels (`attention_with_aligned_heads`), and flex
+    attention reading the mask as `granularity_kernels.flex_attention_forward` does."""
     check_attention_backend(implementation)
-    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # transformers 5.x
-        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-    return eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
-
-
-def masks_in_kernel(config: CDNPGConfig, output_attentions: bool) -> bool:
-    """Whether attention masks are left to flex attention's kernel rather than built as (b, 1, i, j) tensors: not
-    when the attention weights are returned or eq. 9 is applied literally, which take the reference path."""
-    return (
-        config._attn_implementation == "flex_attention"
-        and not output_attentions
-        and config.granularity_mask_mode != "multiply"
-    )
-
-
-def flex_granularity_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    layout: AttentionLayout,
-    z_query: torch.Tensor | None,
-    z_key: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-) -> tuple[torch.Tensor, None]:
-    """GA-attention in flex attention: the granularity mask (eqs. 6-9) and the visibility rules are computed per
-    query-key pair inside the kernel from z, N and the positions, so no (b, h, i, j) mask is ever in memory.
-
-    query (b, h, i, d), key/value (b, h, j, d) -> output (b, i, h, d).
-    """
-    if dropout > 0:
-        raise ValueError(
-            "flex_attention has no attention dropout: train with 'sdpa' or 'eager', or set attention_dropout=0."
-        )
-    kind, epsilon = module.mask_kind, module.config.scope_epsilon
-    lengths = layout.length if z_query is not None and kind != "resonance" else None  # N of eq. 8, built here
-
-    def score_mod(score, b, h, q, kv):
-        visible = layout.key_padding[b, kv]
-        if layout.causal:
-            visible = visible & (kv <= layout.query_positions[q])
-        if z_query is not None:  # GA, eqs. 6-9, for this query-key pair
-            length = lengths[b, q] if lengths is not None else None
-            distance = (layout.query_positions[q] - kv).abs().float()
-            mask = granularity_mask(kind, z_query[b, q], z_key[b, kv], length, distance, epsilon)
-            score = score + torch.log(torch.clamp(mask, min=MASK_FLOOR))
-        return torch.where(visible, score, torch.finfo(score.dtype).min)
-
-    output = compiled_flex_attention()(query, key, value, score_mod=score_mod, scale=scaling)
-    return output.transpose(1, 2).contiguous(), None
-
-
-@functools.cache
-def compiled_flex_attention() -> Callable:
-    """torch's flex attention compiled once per process (uncompiled it materialises every score). Shapes are static:
-    with dynamic shapes, torch 2.13's CPU kernels fail to build for the scope mask. So every new input shape compiles
-    anew, and past torch's recompile limit (`torch._dynamo.config.recompile_limit`) torch falls back to the unfused
-    implementation, with a warning: pad inputs to a few fixed lengths when using this backend."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
+    if implementation in ("eager", "flex_attention"):
+        return eager_attention_forward if implementation == "eager" else flex_attention_forward
+    attention = registered_attention(implementation)
+    return attention_with_aligned_heads(attention, head_dim, device) if implementation == "sdpa" else attention
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# The cache: transformers' key/value layout, plus z of every cached decoder token
+# The cache: transformers' key/value layout, plus the granularity logits of every cached token
 # ------------------------------------------------------------------------------------------------------------------
 
 
 class GranularityCache(EncoderDecoderCache):
-    """An `EncoderDecoderCache` that also keeps z (eq. 4) of every cached decoder token, per self-attention layer:
-    the resonance and scope masks of a new query need z of all the keys it sees.
+    """An `EncoderDecoderCache` that also keeps the granularity logits W_G h (eq. 4) of every cached decoder token
+    (the masks of a new query read z of all the keys it sees) and of the encoder states (computed at the first step).
 
-    Keys and values stay in transformers' layout, (b, h, t, d_head). z lives in `granularity_cache`, a third cache of
-    the same kind as the self-attention cache (a dynamic one that grows, or a static one preallocated to the same
-    length), whose keys are z as (b, 1, t, 1) and whose values are empty (b, 1, t, 0) where they can be: z is stored
-    once. z of the encoder states, which cross-attention's resonance mask reads at every step, is computed at the
-    first step and kept in `cross_granularity_cache`, of the cross-attention cache's kind, as the cross-attention keys
-    and values are. With the masks compiled (`config.compile_granularity_masks`) both keep z's logit W_G h instead
-    (`CDNPGAttention.granularity`), whose sigmoid the mask's kernel runs. Everything generation does to the cache
-    (reorder beams, crop, reset, select or repeat batch rows) is done to z too. The model wraps whatever
-    `EncoderDecoderCache` it is given (e.g. the static cache of `generate(cache_implementation="static")`) at the
-    first decoding step.
+    Keys and values stay in transformers' layout, (b, h, t, d_head). The logits live in two more caches of the kinds
+    of the self- and cross-attention caches (dynamic, or static of the same lengths), as keys (b, 1, t, 1) beside
+    empty values (b, 1, t, 0), and follow whatever generation does to the cache (reorder beams, crop, reset, select or
+    repeat batch rows). The model wraps any `EncoderDecoderCache` it is given (e.g. the static cache of
+    `generate(cache_implementation="static")`) at the first decoding step.
     """
 
     def __init__(
         self,
         self_attention_cache: Cache,
         cross_attention_cache: Cache,
-        granularity_cache: Cache,
-        cross_granularity_cache: Cache,
+        granularity_logits_cache: Cache,
+        cross_granularity_logits_cache: Cache,
     ):
         super().__init__(self_attention_cache, cross_attention_cache)
-        self.granularity_cache = granularity_cache
-        self.cross_granularity_cache = cross_granularity_cache
+        self.granularity_logits_cache = granularity_logits_cache
+        self.cross_granularity_logits_cache = cross_granularity_logits_cache
 
     @classmethod
     def wrap(cls, cache: EncoderDecoderCache) -> "GranularityCache":
-        """The same sub-caches plus an empty z cache of their kind; a cache that already holds decoder tokens
-        (without their z) cannot be continued."""
+        """The same sub-caches plus empty logit caches of their kind; a cache that already holds decoder tokens
+        (without their logits) cannot be continued."""
         if cache.get_seq_length() > 0 or any(cache.is_updated.values()):
             raise ValueError(
                 f"{CACHE_NAME} holds decoder tokens or encoder keys but not their granularity z (eq. 4), which "
@@ -697,55 +405,55 @@ class GranularityCache(EncoderDecoderCache):
             ]
             return Cache(layers=layers) if layers else DynamicCache()
 
-        granularity_caches = like(cache.self_attention_cache.layers), like(cache.cross_attention_cache.layers)
-        return cls(cache.self_attention_cache, cache.cross_attention_cache, *granularity_caches)
+        logit_caches = like(cache.self_attention_cache.layers), like(cache.cross_attention_cache.layers)
+        return cls(cache.self_attention_cache, cache.cross_attention_cache, *logit_caches)
 
     @staticmethod
-    def store_granularity(cache: Cache, z: torch.Tensor, layer_idx: int, cache_kwargs: dict | None) -> torch.Tensor:
-        """Write z (b, i) (or its logit, see the class) into layer `layer_idx` of `cache` as the key of one head of
-        width 1; return what the layer holds (b, j). Its value is empty (width 0): z is stored once; a static layer of
-        transformers 4.57 sizes its values as its keys, so it keeps z twice."""
-        z = z[:, None, :, None]
+    def store(cache: Cache, logits: torch.Tensor, layer_idx: int, cache_kwargs: dict | None) -> torch.Tensor:
+        """Write logits (b, i) into layer `layer_idx` of `cache` as the key of one head of width 1; return what the
+        layer holds (b, j). A static layer of transformers 4.57 sizes its values as its keys, so it keeps them twice."""
+        logits = logits[:, None, :, None]
         static = layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], StaticLayer)
-        z_all, _ = cache.update(z, z if static else z[..., :0], layer_idx, cache_kwargs)
-        return z_all[:, 0, :, 0]
+        kept, _ = cache.update(logits, logits if static else logits[..., :0], layer_idx, cache_kwargs)
+        return kept[:, 0, :, 0]
 
-    def update_granularity(self, z: torch.Tensor, layer_idx: int, cache_kwargs: dict) -> torch.Tensor:
-        """Store z (b, i) of new decoder tokens of self-attention layer `layer_idx`; return z of all its keys (b, j)."""
-        return self.store_granularity(self.granularity_cache, z, layer_idx, cache_kwargs)
+    def update_granularity_logits(self, logits: torch.Tensor, layer_idx: int, cache_kwargs: dict) -> torch.Tensor:
+        """Store the logits (b, i) of new decoder tokens of self-attention layer `layer_idx`; return those of all its
+        keys (b, j)."""
+        return self.store(self.granularity_logits_cache, logits, layer_idx, cache_kwargs)
 
-    def update_cross_granularity(self, z: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        """Store z (b, j) of the encoder states as cross-attention layer `layer_idx` sees them (its first step)."""
-        return self.store_granularity(self.cross_granularity_cache, z, layer_idx, None)
+    def update_cross_granularity_logits(self, logits: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        """Store the logits (b, j) of the encoder states as cross-attention layer `layer_idx` sees them."""
+        return self.store(self.cross_granularity_logits_cache, logits, layer_idx, None)
 
-    def cross_granularity(self, layer_idx: int) -> torch.Tensor:
-        """z (b, j) of the encoder states (or its logit) stored by `update_cross_granularity`."""
-        return self.cross_granularity_cache.layers[layer_idx].keys[:, 0, :, 0]
+    def cross_granularity_logits(self, layer_idx: int) -> torch.Tensor:
+        """The logits (b, j) of the encoder states stored by `update_cross_granularity_logits`."""
+        return self.cross_granularity_logits_cache.layers[layer_idx].keys[:, 0, :, 0]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         super().reorder_cache(beam_idx)
-        self.granularity_cache.reorder_cache(beam_idx)
-        self.cross_granularity_cache.reorder_cache(beam_idx)
+        self.granularity_logits_cache.reorder_cache(beam_idx)
+        self.cross_granularity_logits_cache.reorder_cache(beam_idx)
 
     def reset(self) -> None:
         super().reset()
-        self.granularity_cache.reset()
-        self.cross_granularity_cache.reset()
+        self.granularity_logits_cache.reset()
+        self.cross_granularity_logits_cache.reset()
 
     def crop(self, length: int) -> None:
         """`length` as transformers reads it: 5.x removes -length tokens, 4.57 keeps the first `length`."""
         super().crop(length)
-        self.granularity_cache.crop(length)
+        self.granularity_logits_cache.crop(length)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         super().batch_repeat_interleave(repeats)
-        self.granularity_cache.batch_repeat_interleave(repeats)
-        self.cross_granularity_cache.batch_repeat_interleave(repeats)
+        self.granularity_logits_cache.batch_repeat_interleave(repeats)
+        self.cross_granularity_logits_cache.batch_repeat_interleave(repeats)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         super().batch_select_indices(indices)
-        self.granularity_cache.batch_select_indices(indices)
-        self.cross_granularity_cache.batch_select_indices(indices)
+        self.granularity_logits_cache.batch_select_indices(indices)
+        self.cross_granularity_logits_cache.batch_select_indices(indices)
 
 
 def cache_capacity(cache: EncoderDecoderCache) -> int | None:
@@ -768,10 +476,9 @@ def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start
 
 
 class CDNPGAttention(nn.Module):
-    """Multi-head attention with a granularity mask (GA-attention, eqs. 4-9).
-
-    `mask_kind` is fixed by the config at construction: "none" builds no granularity head and is plain attention.
-    """
+    """Multi-head attention with a granularity mask (GA-attention, eqs. 4-9): BART's attention, whose additive mask
+    carries log M (`attention_bias`). `mask_kind` is fixed by the config at construction: "none" builds no
+    granularity head and is plain attention."""
 
     def __init__(self, config: CDNPGConfig, num_heads: int, layer_idx: int, mask_kind: str, is_cross_attention=False):
         super().__init__()
@@ -784,7 +491,6 @@ class CDNPGAttention(nn.Module):
         self.layer_idx = layer_idx
         self.is_cross_attention = is_cross_attention
         self.mask_kind = mask_kind
-        self.is_causal = False  # read by transformers' SDPA function when no mask is passed: causality is explicit
 
         self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
@@ -795,39 +501,25 @@ class CDNPGAttention(nn.Module):
     def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
         return states.view(*states.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, t, d_head)
 
-    def granularity(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        """Eq. 4 for these tokens (b, t) as the masks read it and the cache keeps it: z, or with the masks compiled
-        (`config.compile_granularity_masks`) its logit W_G h, whose sigmoid then runs inside the mask's kernel
-        instead of a kernel of its own. None without a granularity head."""
-        if self.granularity_head is None:
-            return None
-        return self.granularity_head(hidden_states, logits=self.config.compile_granularity_masks)
-
-    def as_z(self, granularity: torch.Tensor | None) -> torch.Tensor | None:
-        """z of eq. 4 from what `granularity` returned."""
-        logits = granularity is not None and self.config.compile_granularity_masks
-        return torch.sigmoid(granularity) if logits else granularity
-
     def _encoder_keys_and_values(
         self, encoder_states: torch.Tensor, cache: EncoderDecoderCache | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Cross-attention keys, values and the granularity of the encoder states (`granularity`; None without a
-        granularity head): computed once, at the first decoding step, then read from the cache (a
-        `GranularityCache` where there is a granularity head)."""
+        """Cross-attention keys, values and the granularity logits of the encoder states (None without a
+        granularity head): computed once, at the first decoding step, then read from the cache."""
         cross_cache = cache.cross_attention_cache if cache is not None else None
-        has_z = self.granularity_head is not None
+        has_head = self.granularity_head is not None
         if cross_cache is not None and cache.is_updated.get(self.layer_idx):
-            g_key = cache.cross_granularity(self.layer_idx) if has_z else None
-            return cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values, g_key
+            logits_key = cache.cross_granularity_logits(self.layer_idx) if has_head else None
+            return cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values, logits_key
         key_states = self._split_heads(self.k_proj(encoder_states))
         value_states = self._split_heads(self.v_proj(encoder_states))
-        g_key = self.granularity(encoder_states)
+        logits_key = self.granularity_head(encoder_states) if has_head else None  # GA, eq. 4
         if cross_cache is not None:
             key_states, value_states = cross_cache.update(key_states, value_states, self.layer_idx)
-            if has_z:
-                g_key = cache.update_cross_granularity(g_key, self.layer_idx)
+            if has_head:
+                logits_key = cache.update_cross_granularity_logits(logits_key, self.layer_idx)
             cache.is_updated[self.layer_idx] = True
-        return key_states, value_states, g_key
+        return key_states, value_states, logits_key
 
     def forward(
         self,
@@ -838,79 +530,48 @@ class CDNPGAttention(nn.Module):
         output_attentions: bool = False,
         output_granularities: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """hidden_states (b, i, d) -> output (b, i, d), attention weights (b, h, i, j) or None, z of the queries (b, i)
-        where there is a granularity head, else None. The stacks pass `output_granularities=False` unless their
-        caller asks for z: with the masks compiled, z is then never computed (the masks read W_G h)."""
+        """hidden_states (b, i, d) -> output (b, i, d), attention weights (b, h, i, j) or None, and where asked and
+        there is a granularity head z of the queries (b, i) (eq. 4), else None."""
         query_states = self._split_heads(self.q_proj(hidden_states))
-        g_query = self.granularity(hidden_states)
+        logits_query = self.granularity_head(hidden_states) if self.granularity_head is not None else None  # GA
 
         if self.is_cross_attention:
-            key_states, value_states, g_key = self._encoder_keys_and_values(key_value_states, cache)
+            key_states, value_states, logits_key = self._encoder_keys_and_values(key_value_states, cache)
         else:
             key_states = self._split_heads(self.k_proj(hidden_states))
             value_states = self._split_heads(self.v_proj(hidden_states))
-            g_key = g_query  # the same tokens: one z per token, eq. 4
+            logits_key = logits_query  # the same tokens: one z per token, eq. 4
             if cache is not None:
                 cache_kwargs = {"cache_position": layout.query_positions}
                 key_states, value_states = cache.self_attention_cache.update(
                     key_states, value_states, self.layer_idx, cache_kwargs
                 )
-                if g_key is not None:
-                    g_key = cache.update_granularity(g_key, self.layer_idx, cache_kwargs)
+                if logits_key is not None:
+                    logits_key = cache.update_granularity_logits(logits_key, self.layer_idx, cache_kwargs)
 
-        dropout = self.dropout if self.training else 0.0
-        multiply = g_query is not None and self.config.granularity_mask_mode == "multiply"
-        if not layout.dense:  # the stack chose flex attention, which applies the masks inside its kernel
-            z_query, z_key = self.as_z(g_query), self.as_z(g_key)
-            attn_output, attn_weights = flex_granularity_attention(
-                self, query_states, key_states, value_states, layout, z_query, z_key, self.scaling, dropout
-            )
-        else:
-            extra = {}
-            # the literal eq. 9, or the weights themselves, need the reference path
-            attend = eager_attention_forward if multiply or output_attentions else attention_function(self.config)
-            sdpa = attend is not eager_attention_forward and self.config._attn_implementation == "sdpa"
-            if g_query is None and layout.plain_causal and sdpa:  # no mask: SDPA may choose a fused kernel, as BART's
-                attention_mask, extra["is_causal"] = None, True
-            elif multiply:  # GA, the literal eq. 9: M (b, i, j) scales the softmax output, the mask is padding only
-                length = layout.length[:, :, None] if layout.length is not None else None
-                extra["multiplier"] = granularity_mask(
-                    self.mask_kind,
-                    self.as_z(g_query)[:, :, None],
-                    self.as_z(g_key)[:, None, :],
-                    length,
-                    layout.distance,
-                    self.config.scope_epsilon,
-                )
-                attention_mask = layout.padding_bias(query_states.dtype)
-            else:  # GA, eqs. 6-9 as log M in the additive mask (`GranularityBias`), or the padding bias alone
-                attention_mask = attention_bias(
-                    layout,
-                    query_states.dtype,
-                    self.mask_kind,
-                    g_query,
-                    g_key,
-                    self.config.scope_epsilon,
-                    compiled=self.config.compile_granularity_masks,
-                    logits=self.config.compile_granularity_masks,
-                )
-            pad = sdpa and self.head_dim % HEAD_DIM_ALIGNMENT and query_states.device.type in PADDED_HEAD_DEVICES
-            if pad:
-                query_states, key_states, value_states = padded_heads(query_states, key_states, value_states)
-            attn_output, attn_weights = attend(
-                self,
-                query_states,
-                key_states,
-                value_states,
-                attention_mask,
-                scaling=self.scaling,
-                dropout=dropout,
-                **extra,
-            )
-            if pad:
-                attn_output = attn_output[..., : self.head_dim]  # (b, i, h, d): the padded columns are zeros
+        implementation, extra = self.config._attn_implementation or "eager", {}
+        kind, epsilon, compiled = self.mask_kind, self.config.scope_epsilon, self.config.compile_granularity_masks
+        if logits_query is not None and self.config.granularity_mask_mode == "multiply":
+            # GA, the literal eq. 9: M (b, i, j) scales the softmax output, the additive mask is padding only
+            extra["multiplier"] = layout_granularity_mask(kind, logits_query, logits_key, layout, epsilon)
+            implementation, kind = "eager", "none"
+        if output_attentions:  # the weights themselves come from the reference path
+            implementation = "eager"
+        attention_mask = attention_bias(layout, query_states.dtype, kind, logits_query, logits_key, epsilon, compiled)
+        attend = attention_function(implementation, self.head_dim, query_states.device)
+        attn_output, attn_weights = attend(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            is_causal=attention_mask is None and layout.causal,  # read by SDPA alone (`AttentionLayout`)
+            **extra,
+        )
         attn_output = attn_output.reshape(*hidden_states.shape[:2], self.embed_dim)
-        z_query = self.as_z(g_query) if output_granularities else None
+        z_query = torch.sigmoid(logits_query) if output_granularities and logits_query is not None else None
         return self.out_proj(attn_output), attn_weights if output_attentions else None, z_query
 
 
@@ -1049,7 +710,7 @@ class CDNPGModelKwargs(TransformersKwargs, total=False):
 # ------------------------------------------------------------------------------------------------------------------
 
 
-class CDNPGPreTrainedModel(PreTrainedModel):
+class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
     config_class = CDNPGConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
@@ -1127,14 +788,15 @@ class CDNPGStack(CDNPGPreTrainedModel):
         past_length: int | torch.Tensor = 0,
         capacity: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token (scaled when `scale_embedding`; `inputs_embeds` are taken as given) plus position embeddings, and the
-        positions: `past_length` onwards, after the tokens already in a cache. The positions are checked against the
-        table from Python ints, never by reading a tensor (a host sync on a GPU): a static cache's length is a
-        tensor, and its `capacity` bounds every position it can hold."""
+        """Token (scaled when `scale_embedding`; `inputs_embeds` as given) plus position embeddings, and the positions
+        (`past_length` onwards). They are checked against the table from Python ints, never from a tensor (a host
+        sync on a GPU): a static cache's length is a tensor, and its `capacity` bounds every position it holds."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Pass exactly one of input_ids or inputs_embeds to the {type(self).__name__}.")
         if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale
+            inputs_embeds = self.embed_tokens(input_ids)
+            if self.embed_scale != 1.0:  # a multiplication by 1 would still launch a kernel, forward and backward
+                inputs_embeds = inputs_embeds * self.embed_scale
         if isinstance(past_length, torch.Tensor):  # a static cache's length
             positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
         else:
@@ -1178,17 +840,12 @@ class CDNPGEncoder(CDNPGStack):
         token_type_ids: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        source_memo: dict | None = None,
     ) -> CDNPGEncoderOutput:
         r"""
         token_type_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): accepted because
-            BERT tokenizers return them; C-DNPG has no segment embeddings, so they must be all 0 (one sentence per
-            input, no sentence pairs).
+            BERT tokenizers return them; all 0 (C-DNPG has no segment embeddings: one sentence per input).
         output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer.
         output_attentions, output_hidden_states (`bool`, *optional*): default: the config's.
-        source_memo (`dict`, *optional*): where what the source's padding alone decides (the padding bias, the
-            blocked keys) is kept for the decoder's cross-attention, given the same dict and `attention_mask`:
-            `CDNPGModel` builds them once per forward this way (`AttentionLayout.cross`).
 
         No **kwargs: `generate()` hands an encoder that takes them every model kwarg (the Seq2SeqTrainer's `labels`
         too), and one that does not only those it names.
@@ -1200,14 +857,9 @@ class CDNPGEncoder(CDNPGStack):
                 "sentence per input (no text pairs)."
             )
         hidden_states, positions = self.embed(input_ids, inputs_embeds)
-        padded = attention_mask is not None  # without a mask, SDPA gets none
-        if attention_mask is None:
-            attention_mask = torch.ones(hidden_states.shape[:2], device=hidden_states.device)
         # N of eq. 8 is each sentence's own number of real tokens: batch composition never changes an output
-        materialize = not masks_in_kernel(self.config, output_attentions)
-        layout = AttentionLayout.build(
-            attention_mask.bool(), positions, causal=False, materialize=materialize, padded=padded, shared=source_memo
-        )
+        key_padding = attention_mask.bool() if attention_mask is not None else None  # no mask: SDPA gets none
+        layout = AttentionLayout(key_padding, positions, hidden_states.shape[1], causal=False)
 
         hidden_states, all_hidden, (attentions, z) = self.run_layers(
             hidden_states, layout, output_attentions=output_attentions, output_granularities=bool(output_granularities)
@@ -1241,7 +893,6 @@ class CDNPGDecoder(CDNPGStack):
         output_granularities: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        source_memo: dict | None = None,
     ) -> CDNPGDecoderOutput:
         r"""
         attention_mask (`torch.Tensor` of shape `(batch_size, target_length)`, *optional*): 1 for real decoder
@@ -1250,8 +901,6 @@ class CDNPGDecoder(CDNPGStack):
             transformers 5.24); an empty transformers cache (dynamic or static) is wrapped into a `GranularityCache`,
             which the output returns.
         output_attentions, output_hidden_states (`bool`, *optional*): default: the config's.
-        source_memo (`dict`, *optional*): the encoder's, given with the `attention_mask` it was given as
-            `encoder_attention_mask` (see `CDNPGEncoder.forward`).
         """
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if self.gradient_checkpointing and self.training:
@@ -1270,14 +919,12 @@ class CDNPGDecoder(CDNPGStack):
         past_length = cache.get_seq_length() if cache is not None else 0
         capacity = cache_capacity(cache) if cache is not None else None
         hidden_states, query_positions = self.embed(input_ids, inputs_embeds, past_length, capacity)
-        batch_size, num_queries = hidden_states.shape[:2]
-        device = hidden_states.device
+        num_queries = hidden_states.shape[1]
 
         # keys: the cached and new tokens, or every slot of a preallocated (static) cache, later ones masked as future
         key_length = capacity if capacity is not None else past_length + num_queries
-        if attention_mask is None:
-            key_padding = torch.ones(batch_size, key_length, dtype=torch.bool, device=device)
-        else:
+        key_padding = None
+        if attention_mask is not None:
             # the static cache's lower bound would read its length: only its capacity is checked
             needed = past_length + num_queries if capacity is None else num_queries
             if not needed <= attention_mask.shape[-1] <= key_length:
@@ -1289,22 +936,15 @@ class CDNPGDecoder(CDNPGStack):
                     f"holds at most {capacity} and {num_queries} are new."
                 )
             key_padding = F.pad(attention_mask.bool(), (0, key_length - attention_mask.shape[-1]), value=True)
-        encoder_padded = encoder_attention_mask is not None  # without a mask, SDPA gets none
-        if encoder_attention_mask is None:
-            encoder_attention_mask = torch.ones(encoder_hidden_states.shape[:2], device=device)
-        # N of eq. 8 for query i is what query i can see, i + 1: cached decoding equals a full forward
-        materialize = not masks_in_kernel(self.config, output_attentions)
-        self_layout = AttentionLayout.build(
-            key_padding,
-            query_positions,
-            causal=True,
-            materialize=materialize,
-            padded=attention_mask is not None,
-            plain_causal=capacity is None and past_length == 0,  # queries from position 0 over themselves alone
+        # N of eq. 8 for query i is what query i can see, i + 1: cached decoding equals a full forward. Plain
+        # attention on SDPA (not the reference path of the weights) over nothing but the new tokens takes `is_causal`
+        sdpa = self.config._attn_implementation == "sdpa" and self.config.granularity_mask == "none"
+        plain_causal = sdpa and not output_attentions and key_padding is None and capacity is None and past_length == 0
+        self_layout = AttentionLayout(
+            key_padding, query_positions, key_length, causal=True, takes_is_causal=plain_causal
         )
-        cross_layout = AttentionLayout.cross(
-            encoder_attention_mask.bool(), query_positions, materialize, encoder_padded, shared=source_memo
-        )
+        source_padding = encoder_attention_mask.bool() if encoder_attention_mask is not None else None
+        cross_layout = AttentionLayout(source_padding, query_positions, encoder_hidden_states.shape[1], causal=False)
 
         hidden_states, all_hidden, (self_attentions, cross_attentions, self_z, cross_z) = self.run_layers(
             hidden_states,
@@ -1341,19 +981,11 @@ class CDNPGModel(CDNPGPreTrainedModel):
         self.decoder = CDNPGDecoder(config)
         self.post_init()
 
-    def _tie_weights(self) -> None:
-        """transformers 4.57 ties through this hook; 5.x reads `_tied_weights_keys` (the config flag decides both)."""
-        if self.config.tie_word_embeddings:
-            self.encoder.embed_tokens = self.decoder.embed_tokens = self.shared
-
     def get_input_embeddings(self) -> nn.Embedding:
         return self.shared
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
-
-    def get_encoder(self) -> CDNPGEncoder:  # transformers 4.57 has no default
-        return self.encoder
 
     @can_return_tuple
     @takes_cache_by_either_name
@@ -1382,12 +1014,9 @@ class CDNPGModel(CDNPGPreTrainedModel):
         """
         refuse_unused(kwargs, "CDNPGModel.forward")
         flags = {name: kwargs.get(name) for name in ("output_attentions", "output_hidden_states")}
+        if attention_mask is not None:  # converted once for both stacks
+            attention_mask = attention_mask.bool()
         if encoder_outputs is None:
-            # the encoder's self-attention and the decoder's cross-attention have the same keys: the source's
-            # padding is converted once, and what it alone decides is built once for both stacks
-            if attention_mask is not None:
-                attention_mask = attention_mask.bool()
-            flags["source_memo"] = {}
             encoder_outputs = self.encoder(
                 input_ids,
                 attention_mask,
@@ -1427,6 +1056,18 @@ class CDNPGModel(CDNPGPreTrainedModel):
         )
 
 
+def refuse_unused(kwargs: dict, forward: str) -> None:
+    """An argument the model does not use is an error, not something to drop: when transformers renames an argument
+    (5.24 renamed `past_key_values` to `cache`), decoding must fail, not run silently without it."""
+    unused = sorted(set(kwargs) - PASSED_TO_EVERY_MODEL)
+    if unused:
+        raise TypeError(
+            f"{forward}() got argument(s) C-DNPG does not use: {', '.join(unused)} (transformers "
+            f"{transformers.__version__}). If transformers passed them, this model's code predates that version: "
+            "update the checkpoint's modeling_cdnpg.py (docs/compatibility.md)."
+        )
+
+
 class CDNPGPredictionHeadTransform(nn.Module):
     """BERT's masked-LM prediction head before the output projection (`lm_head_transform`): dense d -> d, the
     activation, LayerNorm. A warm start from a BERT-family encoder needs it (docs/warm_start.md)."""
@@ -1442,19 +1083,14 @@ class CDNPGPredictionHeadTransform(nn.Module):
 
 
 def copy_attention(
-    scores: torch.Tensor,
-    scaling: float,
-    copyable: torch.Tensor,
-    z_source: torch.Tensor | None = None,
-    logits: bool = False,
+    scores: torch.Tensor, scaling: float, copyable: torch.Tensor, logits_source: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The copy attention α_t (b, i, j): a softmax of the scores q_t · k_j (b, i, j) times `scaling` over the copyable
-    source tokens (`copyable`, b, j). With the granularity gate, weighted by z of the source tokens (b, j), so that
-    details are copied: α_tj ∝ z_j exp(q_t · k_j). With `logits`, z_source is W_G h and eq. 4's sigmoid runs here."""
+    source tokens (`copyable`, b, j). With the granularity gate, weighted by z of the source tokens, the sigmoid of
+    their granularity logits (b, j) (eq. 4), so that details are copied: α_tj ∝ z_j exp(q_t · k_j)."""
     scores = upcast(scores) * scaling
-    if z_source is not None:
-        z_source = torch.sigmoid(z_source) if logits else z_source
-        scores = scores + upcast(z_source).clamp(min=MASK_FLOOR).log()[:, None, :]
+    if logits_source is not None:
+        scores = scores + torch.sigmoid(upcast(logits_source)).clamp(min=MASK_FLOOR).log()[:, None, :]
     return scores.masked_fill(~copyable[:, None, :], torch.finfo(scores.dtype).min).softmax(-1)
 
 
@@ -1519,13 +1155,11 @@ class CopyMechanism(nn.Module):
     one-head attention of the decoder state over the encoder states. Returned as log-probabilities, which pass through
     log_softmax unchanged, so the loss, label smoothing and every decoding mode read them as logits.
 
-    Gates (`CDNPGConfig.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]) with c_t the copy context; `granularity`,
-    C-DNPG's decomposition decides: α re-weighted by the source tokens' z (details are copied) and ρ_t = z of the
-    decoder position, both from the last decoder layer's cross-attention granularity head.
-    `copy_excluded_token_ids` are never pointed at (ρ_t = 0 where the source holds nothing else).
-    With `config.compile_granularity_masks`, the attention's and the mixture's elementwise formulas (`copy_attention`,
-    `copy_distribution`) run compiled, as the masks do: a few generated kernels around the GEMMs instead of about 45
-    aten kernels forward and 45 backward (issue 39).
+    Gates (`CDNPGConfig.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]) with c_t the copy context; `granularity`:
+    α re-weighted by the source tokens' z (details are copied) and ρ_t = z of the decoder position, both from the last
+    decoder layer's cross-attention granularity head. `copy_excluded_token_ids` are never pointed at (ρ_t = 0 where
+    the source holds nothing else). The formulas (`copy_attention`, `copy_distribution`) run compiled where the masks
+    do (`granularity_kernels.fast`): a few generated kernels instead of about 45 aten kernels each way.
     """
 
     def __init__(self, config: CDNPGConfig):
@@ -1545,14 +1179,14 @@ class CopyMechanism(nn.Module):
         encoder_states: torch.Tensor,
         source_ids: torch.LongTensor,
         source_mask: torch.Tensor,
-        z_source: torch.Tensor | None = None,
+        logits_source: torch.Tensor | None = None,
         z_target: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits (b, i, V) of the vocabulary, decoder states (b, i, d), encoder states (b, j, d), source ids and
-        mask (b, j), for the granularity gate z of the source (b, j; with `config.compile_granularity_masks` its
-        logit W_G h, as the cache keeps it) and of the decoder positions (b, i), labels (b, i) -> log P(y_t) (b, i, V)
-        and the summed NLL of the labels or None (`copy_distribution`)."""
+        mask (b, j), for the granularity gate the granularity logits W_G h of the source (b, j) and z of the decoder
+        positions (b, i), labels (b, i) -> log P(y_t) (b, i, V) and the summed NLL of the labels or None
+        (`copy_distribution`)."""
         copyable = source_mask.bool()
         if self.excluded_token_ids:
             excluded = self.excluded_ids_on.get(source_ids.device)
@@ -1561,14 +1195,14 @@ class CopyMechanism(nn.Module):
             copyable = copyable & ~torch.isin(source_ids, excluded)
         scores = self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)
         compiled = self.config.compile_granularity_masks
-        alpha = compiled_if(copy_attention, compiled)(scores, self.scaling, copyable, z_source, compiled)
+        alpha = fast(copy_attention, compiled, scores.device)(scores, self.scaling, copyable, logits_source)
         if self.gate_proj is not None:
             context = alpha.to(encoder_states.dtype) @ encoder_states  # (b, i, d)
             gate = self.gate_proj(torch.cat([hidden_states, context], dim=-1)).squeeze(-1)  # (b, i)
         else:  # GA: ρ_t = z_t
             gate = z_target
         learned, excluded = self.gate_proj is not None, bool(self.excluded_token_ids)
-        mixture = compiled_if(copy_distribution, compiled)
+        mixture = fast(copy_distribution, compiled, logits.device)
         return mixture(logits, alpha, gate, source_ids, copyable, labels, learned, excluded)
 
 
@@ -1608,16 +1242,14 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         **kwargs: Unpack[CDNPGModelKwargs],
     ) -> CDNPGSeq2SeqLMOutput:
         r"""
-        encoder_outputs, inputs_embeds: see `CDNPGModel.forward`; named here because `generate()` and transformers'
-            tests look for them by name.
+        encoder_outputs, inputs_embeds: see `CDNPGModel.forward` (named: `generate()` looks for them by name).
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`): target ids, -100 where ignored; the
             decoder inputs are derived from them when not given.
-        logits_to_keep (`int` or `torch.Tensor`): compute logits only for the last `logits_to_keep` decoder
-            positions (0: all), or for the given positions; generation asks for the last one.
-        num_items_in_batch: the number of target tokens in the whole (gradient-accumulated, all-process) batch, as
-            passed by `Trainer`; the loss is then the token sum divided by it, so that it stays the mean token loss
-            whatever the number of processes or accumulation steps.
-        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), passed to it as given. Everything
+        logits_to_keep (`int` or `torch.Tensor`): logits only for the last `logits_to_keep` decoder positions (0:
+            all), or for the given positions; generation asks for the last one.
+        num_items_in_batch: the target tokens of the whole (accumulated, all-process) batch, as `Trainer` passes it:
+            the loss is the token sum divided by it, the mean token loss whatever the processes or accumulation.
+        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), passed on as given; everything
             after `attention_mask` is keyword-only, so that no positional argument lands in the wrong place.
         """
         if labels is not None:
@@ -1674,27 +1306,22 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
             )
         encoder_states = outputs.encoder_last_hidden_state
         mask = attention_mask if attention_mask is not None else torch.ones_like(source_ids)
-        z_source = z_target = None
+        logits_source = z_target = None
         if self.config.copy_mechanism == "granularity":
-            z_source = self.source_granularity(encoder_states, getattr(outputs, CACHE_NAME, None))  # (b, j)
+            logits_source = self.source_granularity_logits(encoder_states, getattr(outputs, CACHE_NAME, None))
             z_target = outputs.cross_granularities[-1][:, positions]  # (b, i)
         return self.copy_mechanism(
-            logits, decoder_states, encoder_states, source_ids, mask, z_source, z_target, labels=labels
+            logits, decoder_states, encoder_states, source_ids, mask, logits_source, z_target, labels=labels
         )
 
-    def source_granularity(self, encoder_states: torch.Tensor, cache: Cache | None) -> torch.Tensor:
-        """z (b, j) of the source tokens as the last decoder layer's cross-attention sees them, which the granularity
-        gate weighs the copy attention by, or its logit W_G h with the masks compiled (`CDNPGAttention.granularity`):
-        read from the cache, where that layer stored it at the first decoding step, else computed by its head."""
+    def source_granularity_logits(self, encoder_states: torch.Tensor, cache: Cache | None) -> torch.Tensor:
+        """The granularity logits W_G h (b, j) of the source tokens as the last decoder layer's cross-attention sees
+        them, whose z the granularity gate weighs the copy attention by: read from the cache, where that layer stored
+        them at the first decoding step, else computed by its head."""
         attention = self.model.decoder.layers[-1].encoder_attn
         if isinstance(cache, GranularityCache) and cache.is_updated.get(attention.layer_idx):
-            return cache.cross_granularity(attention.layer_idx)
-        return attention.granularity(encoder_states)
-
-    def get_encoder(self) -> CDNPGEncoder:
-        """transformers 4.57 has no default. The embedding accessors and `get_decoder` are PreTrainedModel's, which
-        find `self.model` and `self.lm_head`."""
-        return self.model.encoder
+            return cache.cross_granularity_logits(attention.layer_idx)
+        return attention.granularity_head(encoder_states)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by `DataCollatorForSeq2Seq` to build decoder inputs in the collator."""

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
 from cdnpg.hub import REMOTE_CODE_FILES
+from modeling_cdnpg import granularity_kernels
 from modeling_cdnpg.generation_cdnpg import granularity_processors, paraphrase
 from modeling_cdnpg.modeling_cdnpg import CACHE_NAME
 from tests.conftest import COPYING, MASKS, ROOT, SOURCES, cache_of, why_not_prefix_dependent
@@ -68,10 +69,11 @@ def test_cached_decoding_equals_uncached_decoding(paraphrasers, kind, implementa
     torch.testing.assert_close(torch.stack(cached.scores), torch.stack(uncached.scores), atol=1e-5, rtol=1e-6)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["resonance", "scope", "none"])
-def test_cached_decoding_equals_uncached_decoding_with_flex_attention(paraphrasers, kind):
-    """Flex attention compiles per input shape (minutes in all on a CPU): greedy and beam search, three masks."""
+def test_cached_decoding_equals_uncached_decoding_with_flex_attention(paraphrasers, kind, monkeypatch):
+    """Greedy and beam search, three masks. Flex attention compiled by aot_eager: the masks that reach it are under
+    test, not inductor's kernels (whose C++ compile per input shape takes minutes on a CPU)."""
+    monkeypatch.setattr(granularity_kernels, "COMPILE_BACKEND", "aot_eager")
     model, _, inputs = load(paraphrasers[kind])
     model.set_attn_implementation("flex_attention")
     for mode in ("greedy", "beam search"):

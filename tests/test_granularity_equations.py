@@ -116,7 +116,7 @@ def test_ga_self_attention_equals_elementwise_reference(kind, mode):
     module = CDNPGAttention(config, num_heads=4, layer_idx=0, mask_kind=kind).eval()
     torch.nn.init.normal_(module.granularity_head.proj.weight, std=0.5)
     hidden = torch.randn(1, 7, 32)
-    layout = AttentionLayout.build(torch.ones(1, 7, dtype=torch.bool), torch.arange(7), causal=False)
+    layout = AttentionLayout(torch.ones(1, 7, dtype=torch.bool), torch.arange(7), 7, causal=False)
     with torch.no_grad():
         output, _, z = module(hidden, layout)
         expected = reference_self_attention(module, hidden[0], kind, mode == "multiply")

@@ -1,4 +1,4 @@
-"""No host sync in a training forward and backward or in a cached decoding step (issue 39, item 4).
+"""No host sync in a training forward and backward or in a cached decoding step.
 
 On a GPU, reading a tensor's value on the host (`.item()`, `int()`, `bool()`, `.tolist()`), a shape that depends on
 the data (`nonzero`, boolean indexing) or a tensor built from a Python list (a host-to-device copy) makes the host wait

@@ -15,8 +15,7 @@ from transformers import AttentionInterface, DynamicCache, EncoderDecoderCache, 
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
-from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGModel
-from modeling_cdnpg import modeling_cdnpg as modeling_module
+from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGModel, granularity_kernels
 from modeling_cdnpg.modeling_cdnpg import CACHE_NAME, GranularityCache
 from tests.conftest import MASKS, cache_of, tiny_model
 from tests.test_hub import PYTHONS, run_isolated
@@ -211,12 +210,15 @@ def test_cache_keeps_transformers_layout_and_z_beside_it(kind):
         assert not isinstance(cache, GranularityCache), "no granularity heads, nothing to keep"
     else:
         assert isinstance(cache, GranularityCache)
-        for layer in cache.granularity_cache.layers:
+        # the granularity logits W_G h of every decoder token, whose sigmoid is z (eq. 4)
+        for layer in cache.granularity_logits_cache.layers:
             assert layer.keys.shape == (3, 1, 5, 1)
-            assert ((layer.keys > 0) & (layer.keys < 1)).all()
-        # z of the encoder states, per cross-attention layer: what its granularity head makes of them, once
+            z = torch.sigmoid(layer.keys)
+            assert ((z > 0) & (z < 1)).all() and z.std() > 0
+        # the logits of the encoder states, per cross-attention layer: what its granularity head makes of them, once
         encoder_states = model.get_encoder()(input_ids, attention_mask).last_hidden_state
-        for layer, decoder_layer in zip(cache.cross_granularity_cache.layers, model.model.decoder.layers, strict=True):
+        logit_layers = cache.cross_granularity_logits_cache.layers
+        for layer, decoder_layer in zip(logit_layers, model.model.decoder.layers, strict=True):
             with torch.no_grad():
                 expected = decoder_layer.encoder_attn.granularity_head(encoder_states)
             torch.testing.assert_close(layer.keys[:, 0, :, 0], expected)
@@ -477,18 +479,18 @@ def test_bert_tokenizer_output_generates_directly_in_a_fresh_process(python, sha
     assert got["shape"][0] == 2
 
 
-def test_flex_attention_builds_the_granularity_mask_in_its_kernel_and_equals_sdpa(monkeypatch):
-    model = tiny_model(granularity_mask="product")  # resonance and scope both inside the kernel
+@pytest.mark.parametrize("kind", ["product", "none"])
+def test_flex_attention_takes_the_granularity_bias_and_equals_sdpa(kind, monkeypatch):
+    """Flex attention adds the (b, 1, i, j) mask per query and key: the granularity bias of eqs. 6-9 (both masks,
+    product) and the padding bias of plain attention, broadcast over queries in the encoder and the cross-attention,
+    reach it whole. Compiled by aot_eager: what reaches the backend is under test, not inductor's kernels."""
+    monkeypatch.setattr(granularity_kernels, "COMPILE_BACKEND", "aot_eager")
+    model = tiny_model(granularity_mask=kind)
     input_ids, attention_mask = batch()
     decoder_input_ids = torch.randint(3, 60, (3, 6))
     with torch.no_grad():
         expected = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
         model.set_attn_implementation("flex_attention")
-
-        def no_dense_mask(*args, **kwargs):
-            raise AssertionError("flex attention must not build a (b, 1, i, j) mask")
-
-        monkeypatch.setattr(modeling_module, "attention_bias", no_dense_mask)
         got = model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 

@@ -126,7 +126,7 @@ def test_none_mask_is_plain_scaled_dot_product_attention():
     hidden = torch.randn(2, 5, 32)
     key_padding = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
     with torch.no_grad():
-        output, _, z = module(hidden, AttentionLayout.build(key_padding, torch.arange(5), causal=False))
+        output, _, z = module(hidden, AttentionLayout(key_padding, torch.arange(5), 5, causal=False))
         q, k, v = (p(hidden).view(2, 5, 4, 8).transpose(1, 2) for p in (module.q_proj, module.k_proj, module.v_proj))
         scores = q @ k.transpose(-1, -2) / 8**0.5
         scores = scores.masked_fill(~key_padding[:, None, None, :], float("-inf"))
@@ -136,7 +136,7 @@ def test_none_mask_is_plain_scaled_dot_product_attention():
 
 
 def test_none_without_masks_lets_sdpa_choose_its_kernel_and_equals_the_masked_path(monkeypatch):
-    """`none` builds no float mask where nothing is padded (issue 39): SDPA gets no mask in the encoder and the
+    """`none` builds no float mask where nothing is padded: SDPA gets no mask in the encoder and the
     cross-attention when no attention_mask is given, and `is_causal` in the decoder's first pass, so that it may pick
     a fused kernel as it does for BART. The outputs equal those of all-ones masks and of the eager path."""
     model = tiny_model(granularity_mask="none")
@@ -162,18 +162,18 @@ def test_none_without_masks_lets_sdpa_choose_its_kernel_and_equals_the_masked_pa
     torch.testing.assert_close(unmasked, eager, atol=1e-6, rtol=0)
 
 
-def test_none_builds_one_padding_bias_per_forward_from_the_padding_alone_and_none_that_sdpa_does_not_take():
-    """`none` at BART's kernel count (issue 39): with a padded source and no decoder mask, the encoder's
-    self-attention and the cross-attention share one padding bias, built from the padding itself (a fill and a masked
-    fill, no negation of it), and the decoder's first pass, which SDPA takes as `is_causal`, builds none (it built one
-    and dropped it). Given encoder outputs, the decoder builds its own."""
+def test_none_builds_one_padding_bias_per_stack_from_the_padding_alone_and_none_that_sdpa_does_not_take():
+    """`none` at BART's kernel count: with a padded source and no decoder mask, the encoder's self-attention layers
+    share one padding bias, and the decoder's cross-attention layers another, each built from the padding itself (a
+    fill and a masked fill, no negation of it); the decoder's first pass, which SDPA takes as `is_causal`, builds
+    none. Given encoder outputs, the decoder builds its one."""
     model = tiny_model(granularity_mask="none")
     input_ids, attention_mask = batch()
     decoder_input_ids = input_ids[:, :5]
     with torch.no_grad(), torch.profiler.profile() as profile:
         model(input_ids, attention_mask, decoder_input_ids=decoder_input_ids)
     ops = Counter(event.name for event in profile.events())
-    assert (ops["aten::full"], ops["aten::masked_fill_"]) == (1, 1)
+    assert (ops["aten::full"], ops["aten::masked_fill_"]) == (2, 2)
     assert ops["aten::bitwise_not"] == ops["aten::gt"] == ops["aten::zeros"] == 0
     with torch.no_grad():
         encoder_outputs = model.get_encoder()(input_ids, attention_mask)
@@ -184,17 +184,17 @@ def test_none_builds_one_padding_bias_per_forward_from_the_padding_alone_and_non
 
 
 @pytest.mark.parametrize("kind", MASKS)
-def test_the_cross_attention_sharing_the_encoders_padding_masks_gives_what_it_gives_building_its_own(kind):
-    """One forward builds the source's padding bias and blocked keys once for both stacks; given encoder outputs,
-    the decoder builds them itself. Same logits and gradients, with a padded source."""
+def test_the_decoder_given_encoder_outputs_gives_the_logits_and_gradients_of_one_whole_forward(kind):
+    """The decoder's cross-attention reads the source's padding from the mask it is given, in one forward as over
+    encoder outputs computed before: same logits and gradients, with a padded source."""
     torch.manual_seed(0)
     model = tiny_model(granularity_mask=kind)
     input_ids, attention_mask = batch()
     labels = input_ids[:, 1:]
 
-    def run(shared: bool):
+    def run(whole: bool):
         model.zero_grad()
-        if shared:
+        if whole:
             out = model(input_ids, attention_mask, labels=labels)
         else:
             encoder_outputs = model.get_encoder()(input_ids, attention_mask)
@@ -202,18 +202,18 @@ def test_the_cross_attention_sharing_the_encoders_padding_masks_gives_what_it_gi
         out.loss.backward()
         return out.logits, [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
-    (shared_logits, shared_grads), (own_logits, own_grads) = run(True), run(False)
-    torch.testing.assert_close(shared_logits, own_logits, rtol=0, atol=0)
-    assert len(shared_grads) == len(own_grads)
-    for shared_grad, own_grad in zip(shared_grads, own_grads):
-        torch.testing.assert_close(shared_grad, own_grad)
+    (whole_logits, whole_grads), (own_logits, own_grads) = run(True), run(False)
+    torch.testing.assert_close(whole_logits, own_logits, rtol=0, atol=0)
+    assert len(whole_grads) == len(own_grads)
+    for whole_grad, own_grad in zip(whole_grads, own_grads):
+        torch.testing.assert_close(whole_grad, own_grad)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_padding_bias_is_zero_where_a_key_is_visible_and_the_dtypes_minimum_where_it_is_blocked(causal, dtype):
     key_padding = torch.tensor([[True, True, True, False], [True, False, False, False]])
-    layout = AttentionLayout.build(key_padding, torch.arange(4), causal=causal)
+    layout = AttentionLayout(key_padding, torch.arange(4), 4, causal=causal)
     visible = key_padding[:, None, None, :] & (
         torch.arange(4)[None, :] <= torch.arange(4)[:, None] if causal else True
     )
@@ -221,7 +221,7 @@ def test_the_padding_bias_is_zero_where_a_key_is_visible_and_the_dtypes_minimum_
     bias = layout.padding_bias(dtype)
     assert bias.dtype == dtype
     assert torch.equal(bias, expected)
-    assert AttentionLayout.build(key_padding, torch.arange(4), causal=False, padded=False).padding_bias(dtype) is None
+    assert AttentionLayout(None, torch.arange(4), 4, causal=False).padding_bias(dtype) is None
 
 
 def test_cross_attention_granularity_is_switchable():
@@ -442,9 +442,9 @@ def test_auto_classes_know_the_model_after_import(tmp_path):
         ("granularity_mask", "both", "granularity_mask must be one of"),
         ("granularity_mask_mode", "add", "granularity_mask_mode must be one of"),
         ("scope_epsilon", 0.0, "scope_epsilon must be > 0"),
-        ("compile_granularity_masks", "yes", "compile_granularity_masks must be True or False, got 'yes'"),
+        ("compile_granularity_masks", "yes", r"compile_granularity_masks must be one of \(None, True, False\)"),
         ("encoder_attention_heads", 5, "encoder_attention_heads must be a positive integer dividing d_model=32"),
-        ("decoder_layers", 0, "decoder_layers must be a positive integer"),
+        ("decoder_layers", 0, "decoder_layers must be an integer >= 1"),
         ("dropout", 1.5, "dropout must be in"),
     ],
 )

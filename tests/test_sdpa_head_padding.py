@@ -1,15 +1,15 @@
-"""Issue 39: on CUDA the attention heads are zero-padded to a multiple of 8 (`padded_heads`) so that SDPA may choose
-its memory-efficient kernel, which takes GA's bias and returns its gradient, where the paper's head_dim of 50 left it
-on the unfused math path. The padding changes nothing but shapes. That is proved on CPU by turning the path on there
-(`PADDED_HEAD_DEVICES`) and comparing with the unpadded model: the loss, every gradient, and a cached beam search, for
-every mask and with the copy gate. On a GPU, a paper-size GA training step runs with SDPA's memory-efficient kernel
-as its only backend.
+"""On CUDA the attention heads are zero-padded to a multiple of 8 (`granularity_kernels.padded_heads`) so that SDPA
+may choose its memory-efficient kernel, which takes GA's bias and returns its gradient, where the paper's head_dim of
+50 leaves it on the unfused math path. The padding changes nothing but shapes. That is proved on CPU by turning the
+path on there (`PADDED_HEAD_DEVICES`) and comparing with the unpadded model: the loss, every gradient, and a cached
+beam search, for every mask and with the copy gate. On a GPU, a paper-size GA training step runs with SDPA's
+memory-efficient kernel as its only backend.
 """
 
 import pytest
 import torch
 
-from modeling_cdnpg import modeling_cdnpg
+from modeling_cdnpg import granularity_kernels
 from tests.conftest import MASKS, tiny_model
 
 ODD_HEADS = dict(d_model=30, encoder_attention_heads=3, decoder_attention_heads=3)  # head_dim 10: padded to 16
@@ -47,13 +47,13 @@ def test_padded_heads_give_the_same_loss_gradients_and_beam_search(mask, copy, m
 
     padded_shapes = []
 
-    def spy(query, key, value, padded_heads=modeling_cdnpg.padded_heads):  # the function itself, its shapes recorded
+    def spy(query, key, value, padded_heads=granularity_kernels.padded_heads):  # the function, its shapes recorded
         out = padded_heads(query, key, value)
         padded_shapes.append(out[0].shape[-1])
         return out
 
-    monkeypatch.setattr(modeling_cdnpg, "PADDED_HEAD_DEVICES", frozenset({"cpu"}))
-    monkeypatch.setattr(modeling_cdnpg, "padded_heads", spy)
+    monkeypatch.setattr(granularity_kernels, "PADDED_HEAD_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(granularity_kernels, "padded_heads", spy)
     model.train()
     padded_loss, padded_grads = loss_and_gradients(model, inputs)
     modules = 2 + 2 * 2  # encoder self-attention, decoder self- and cross-attention, 2 layers each
@@ -70,7 +70,7 @@ def test_padded_heads_give_the_same_loss_gradients_and_beam_search(mask, copy, m
 
 def test_padded_heads_pads_only_the_head_dim_with_zeros():
     query, key, value = (torch.randn(2, 3, 4, 10) for _ in range(3))
-    padded = modeling_cdnpg.padded_heads(query, key, value)
+    padded = granularity_kernels.padded_heads(query, key, value)
     for original, states in zip((query, key, value), padded):
         assert states.shape == (2, 3, 4, 16)
         assert torch.equal(states[..., :10], original) and not states[..., 10:].any()
