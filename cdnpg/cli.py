@@ -46,6 +46,19 @@ logger = logging.getLogger("cdnpg.cli")  # not __name__: `python -m cdnpg.cli` r
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 VERBOSE = dict(action="store_true", help="debug logging, tracebacks on errors")
+TEXTS = {  # the help and description of the subcommands without model options
+    "install-wordnet": dict(
+        help="install WordNet 3.0 for the METEOR metric, offline, from Debian's wordnet-base/wordnet-sense-index",
+        description="Lay out Debian's WordNet 3.0 files (apt-get install wordnet-base wordnet-sense-index) for NLTK, "
+        "which METEOR needs and cannot download without internet access. See docs/metrics.md.",
+    ),
+    "refresh-code": dict(
+        help="replace a checkpoint's model code with this package's (weights unchanged)",
+        description="Copy this package's model code (configuration_cdnpg.py, modeling_cdnpg.py, generation_cdnpg.py, "
+        "pipeline_cdnpg.py) into a saved C-DNPG checkpoint folder, which loads it with trust_remote_code. Code saved "
+        "before transformers 5.24 was supported decodes without its cache there. See docs/compatibility.md.",
+    ),
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -238,26 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conv.add_argument("--overwrite", action="store_true", help="write into a non-empty OUTPUT folder")
 
-    wordnet = add_command(
-        commands,
-        "install-wordnet",
-        run_install_wordnet,
-        help="install WordNet 3.0 for the METEOR metric, offline, from Debian's wordnet-base/wordnet-sense-index",
-        description="Lay out Debian's WordNet 3.0 files (apt-get install wordnet-base wordnet-sense-index) for NLTK, "
-        "which METEOR needs and cannot download without internet access. See docs/metrics.md.",
-    )
+    wordnet = add_command(commands, "install-wordnet", run_install_wordnet, **TEXTS["install-wordnet"])
     wordnet.add_argument("--target", metavar="DIR", help="NLTK data folder (default: nltk_data in this environment)")
     wordnet.add_argument("--source", metavar="DIR", help="Debian's WordNet folder (default: /usr/share/wordnet)")
 
-    refresh = add_command(
-        commands,
-        "refresh-code",
-        run_refresh_code,
-        help="replace a checkpoint's model code with this package's (weights unchanged)",
-        description="Copy this package's model code (configuration_cdnpg.py, modeling_cdnpg.py, generation_cdnpg.py, "
-        "pipeline_cdnpg.py) into a saved C-DNPG checkpoint folder, which loads it with trust_remote_code. Code saved "
-        "before transformers 5.24 was supported decodes without its cache there. See docs/compatibility.md.",
-    )
+    refresh = add_command(commands, "refresh-code", run_refresh_code, **TEXTS["refresh-code"])
     refresh.add_argument("checkpoint", metavar="DIR", help="the checkpoint folder")
     return parser
 

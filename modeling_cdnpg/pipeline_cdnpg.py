@@ -1,8 +1,6 @@
-"""`pipeline("text2text-generation", model=..., trust_remote_code=True)` for C-DNPG checkpoints.
-
-transformers 5.x removed the built-in text2text-generation pipeline; a checkpoint that declares this class under
-`custom_pipelines` in its config keeps the task name working on 5.x and 4.57.x alike. `cdnpg paraphrase` runs through
-it too: both check inputs, decode and detokenise alike. Remote code: imports only torch and transformers.
+"""`pipeline("text2text-generation", model=..., trust_remote_code=True)` for C-DNPG checkpoints, which declare this
+class under `custom_pipelines`: transformers 5.x has no built-in text2text-generation pipeline. `cdnpg paraphrase`
+runs through it too. Remote code: imports only torch and transformers (4.57 and 5.x).
 """
 
 import warnings
@@ -16,14 +14,14 @@ from .generation_cdnpg import CONFIGURED, SETTINGS, Z_SETTINGS, enough_beams, pa
 logger = logging.get_logger(__name__)
 
 NO_LIMIT = 10**6  # transformers' "no limit" model_max_length is 1e30; anything this large is no real limit
-PARTS = {
+PARTS = {  # a candidate's keys: the fields of paraphrase()'s output they come from
     "score": "sequences_scores",
     "log_likelihood": "log_likelihoods",
     "source_overlap": "source_overlaps",
     "details_kept": "details_kept",
     "reverse_log_likelihood": "reverse_log_likelihoods",
     "similarity": "similarities",
-}  # a candidate's keys: paraphrase()'s fields, those it returns
+}
 SHOWN_CHARACTERS = 40  # of an input named in a warning
 # paraphrase()'s arguments, which make a call paraphrase()'s unless None (num_return_sequences is generate()'s too)
 PARAPHRASING = tuple(key for key in (*SETTINGS, *Z_SETTINGS) if key != "num_return_sequences")
@@ -34,9 +32,8 @@ class FewerCandidatesWarning(UserWarning):
 
 
 def unreadable(tokenizer: PreTrainedTokenizerBase, text: str) -> str | None:
-    """Why `text` has nothing to paraphrase (empty, blank, or every token unknown to the tokenizer), or None. Such an
-    input gets no paraphrase, never an invented one: from an empty input the model would write a sentence of its own,
-    and from unknown tokens (Chinese with an English vocabulary) a confident paraphrase of [UNK]s."""
+    """Why `text` has nothing to paraphrase (empty, blank, or every token unknown to the tokenizer), or None: from it
+    the model would write a sentence of its own, or a confident paraphrase of [UNK]s, so it gets none."""
     if not text.strip():
         return "is empty"
     ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
@@ -48,9 +45,8 @@ def unreadable(tokenizer: PreTrainedTokenizerBase, text: str) -> str | None:
 
 
 def input_limit(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, str]:
-    """The most input tokens (specials included) the model takes, and where that limit comes from: the learned
-    position table (`max_position_embeddings`), or a tokenizer's smaller `model_max_length`. The paper's 20-token
-    truncation is a preprocessing choice, deliberately not applied."""
+    """The most input tokens (specials included) the model takes, and why: `max_position_embeddings`, or a tokenizer's
+    smaller `model_max_length` (the paper's 20-token truncation is a preprocessing choice, not applied here)."""
     positions = getattr(model.config, "max_position_embeddings", None) or NO_LIMIT
     tokenizer_max = getattr(tokenizer, "model_max_length", None) or NO_LIMIT
     if tokenizer_max < positions:
@@ -62,22 +58,18 @@ def input_limit(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, str]:
 def truncated(tokens: int, limit: int, reason: str) -> str | None:
     """What is said of an input of `tokens` tokens (specials included) that the model cannot take whole, or None:
     it is truncated to its first `limit` tokens (`input_limit`), and decoding goes on."""
-    if tokens <= limit:
-        return None
-    return f"has {tokens} tokens, more than the model takes: truncated to its first {limit} tokens ({reason})"
+    cut = f"has {tokens} tokens, more than the model takes: truncated to its first {limit} tokens ({reason})"
+    return cut if tokens > limit else None
 
 
 class CDNPGText2TextPipeline(Pipeline):
     """Paraphrases a string or a list of strings: per input, a list of candidates `{"generated_text": ...}`.
 
-    Generation keyword arguments (num_beams, num_return_sequences, max_new_tokens, ...) go to `model.generate()`;
-    unset ones are the checkpoint's generation_config's (beam 8, 20 new tokens), its beams raised to
-    num_return_sequences (`enough_beams`). A setting of `ParaphraseSettings` (`novelty`, `keep_details`, ...; given,
-    or in the generation_config) paraphrases through `generation_cdnpg.paraphrase()`: candidates best first, each
-    with its `score` and parts (`PARTS`); fewer than asked come with a `FewerCandidatesWarning`.
-
-    Inputs with nothing to paraphrase (`unreadable`) get an empty list, inputs longer than the model takes are
-    truncated (`truncated`), each with a warning naming the input by `input_numbers` (default 1, 2, ...).
+    Generation keyword arguments go to `model.generate()`, beams raised to num_return_sequences (`enough_beams`). A
+    setting of `ParaphraseSettings` (given, or in the generation_config) paraphrases through `paraphrase()`: each
+    candidate with its `score` and parts (`PARTS`), fewer than asked with a `FewerCandidatesWarning`. An input with
+    nothing to paraphrase (`unreadable`) gets an empty list, a longer one than the model takes is truncated
+    (`truncated`), each with a warning naming the input by `input_numbers` (default 1, 2, ...).
     """
 
     _pipeline_calls_generate = True  # 5.x: lets the pipeline own a generation config; ignored by 4.57
@@ -146,12 +138,9 @@ class CDNPGText2TextPipeline(Pipeline):
         if len(results) < wanted:
             source = self.tokenizer.decode(model_outputs["input_ids"][0], skip_special_tokens=True)
             shown = source if len(source) <= SHOWN_CHARACTERS else source[: SHOWN_CHARACTERS - 1] + "…"
-            warnings.warn(
-                f"{shown!r}: {len(results)} of {wanted} candidates: the beam searches found no more that differ "
-                "from each other and from the input (more num_beams may find more)",
-                FewerCandidatesWarning,
-                stacklevel=2,
-            )
+            why = "the beam searches found no more that differ from each other and from the input"
+            said = f"{shown!r}: {len(results)} of {wanted} candidates: {why} (more num_beams may find more)"
+            warnings.warn(said, FewerCandidatesWarning, stacklevel=2)
         return results
 
 
