@@ -16,20 +16,16 @@ Deliberate differences from the released code, each covered by a test:
   composition never change an output), i + 1 in the decoder (so cached decoding equals a full forward).
 - (N - eps) is clamped at 0 before the power: eq. 8 is undefined for N < eps, where every key lies inside the window.
 - Masks are computed in fp32 and enter attention as the finite bias log(max(M, 1e-32)) ("log_bias" mode, the released
-  code's renormalised product), so that any attention backend that takes an additive mask runs GA-attention (eager,
-  SDPA, flex attention, through transformers' attention interface). The literal eq. 9 ("multiply" mode) runs eager.
-- Decoding is incremental with transformers' caches (dynamic or static): keys and values keep the standard layout,
-  and the granularity logits W_G h of the cached decoder tokens and of the encoder states (the cross-attention keys,
-  computed at the first step) are kept beside them in a `GranularityCache`.
-- A keyword argument the model does not use is an error (`refuse_unused`), never dropped: a renamed argument of a
-  later transformers fails loudly instead of decoding without it.
+  code's renormalised product), so every backend that takes an additive mask runs GA-attention (eager, SDPA, flex
+  attention). The literal eq. 9 ("multiply" mode) runs eager.
+- Decoding is incremental with transformers' caches (dynamic or static); the granularity logits W_G h of the cached
+  decoder tokens and of the encoder states are kept beside keys and values in a `GranularityCache`.
+- A keyword argument the model does not use is an error (`refuse_unused`), never dropped.
 
-The paper-named functions (`resonance_mask`, `scope_mask`, `granularity_mask`) are the specification, and
-`granularity_bias` turns them into attention's additive mask. Attention carries W_G h, the logit of z, and each mask
-applies eq. 4's sigmoid itself. `granularity_kernels.fast` runs the bias (and the copy mechanism's formulas) compiled
-on its own where `config.compile_granularity_masks` says (default: on CUDA): one generated kernel forward and about
-one backward instead of one per operation. A training step or a cached decoding step reads no tensor on the host (a
-sync on a GPU); only `token_type_ids`, when given, are checked for segment 1.
+The paper-named functions (`resonance_mask`, `scope_mask`, `granularity_mask`) are the specification;
+`granularity_bias` turns them into attention's additive mask, run compiled alone where
+`config.compile_granularity_masks` says (`granularity_kernels.fast`). A training step or a cached decoding step reads
+no tensor on the host; only `token_type_ids`, when given, are checked for segment 1.
 
 Shape legend: b batch, h heads, i query positions, j key positions, d model width.
 Supported: transformers 4.57.x and 5.x. This file is copied into every saved checkpoint (remote code), so it imports
@@ -78,17 +74,13 @@ PARAPHRASE_ARGUMENTS = frozenset(
 )
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# transformers version shims: each names the version it is for; delete it with that version's support
-# ------------------------------------------------------------------------------------------------------------------
+# --- transformers version shims: each names the version it is for; delete it with that version's support ---
 
-# 5.24 renamed the cache argument and output field `past_key_values` to `cache` (the old name works, with a
-# deprecation warning, until 5.40); 4.57 knows only `past_key_values`. The model returns the cache under the name of
-# the version it runs on, and takes it under either (`takes_cache_by_either_name`).
+# 5.24 renamed the cache argument and output field `past_key_values` to `cache` (the old name is deprecated until
+# 5.40); 4.57 knows only `past_key_values`. The model returns the cache under its version's name, and takes either.
 CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
-# What transformers passes to a model's forward beyond its named arguments, which C-DNPG reads elsewhere or has no
-# use for: the output flags (all versions; `CDNPGStack.output_flags`), 4.57 generate()'s `cache_position` (positions
-# come from the cache) and 5.24 generate()'s `tokenizer` (given to generate() for stop strings).
+# What transformers passes every model's forward and C-DNPG reads elsewhere or not at all: the output flags (all
+# versions), 4.57 generate()'s `cache_position` (positions come from the cache), 5.24 generate()'s `tokenizer`.
 PASSED_TO_EVERY_MODEL = frozenset({"output_attentions", "output_hidden_states", "cache_position", "tokenizer"})
 
 
@@ -130,9 +122,16 @@ class Transformers457Methods:
             self.encoder.embed_tokens = self.decoder.embed_tokens = self.shared
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The paper's concepts: granularity head (eq. 4), resonance mask (eq. 6), scope mask (eq. 8), their combination (eq. 9)
-# ------------------------------------------------------------------------------------------------------------------
+# --- end of the version shims ---
+
+
+def forward_with_cache(forward: Callable) -> Callable:
+    """A forward that takes and returns the cache: under either name (`takes_cache_by_either_name`), and as a tuple
+    where `return_dict=False` (transformers' `can_return_tuple`)."""
+    return can_return_tuple(takes_cache_by_either_name(forward))
+
+
+# --- The paper's concepts: granularity head (eq. 4), resonance (eq. 6) and scope (eq. 8) masks, eq. 9's M ---
 
 
 def upcast(tensor: torch.Tensor) -> torch.Tensor:
@@ -151,8 +150,7 @@ class GranularityHead(nn.Module):
         self.proj = nn.Linear(d_model, 1)  # W_G (with bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # at least fp32 so that the masks built from z stay exact under bf16/fp16 autocast; squeezed here, so that
-        # the logit is a tensor of its own, not a view (FSDP2 warns of a layer that returns a view)
+        # squeezed here: a tensor of its own, not a view (FSDP2 warns of a layer that returns a view)
         return upcast(self.proj(hidden_states)).squeeze(-1)  # (b, t)
 
 
@@ -195,9 +193,7 @@ def granularity_mask(
     return resonance * scope if kind == "product" else (resonance + scope) / 2
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Attention: which keys each query sees, the additive mask, and the attention function
-# ------------------------------------------------------------------------------------------------------------------
+# --- Attention: which keys each query sees, the additive mask, and the attention function ---
 
 
 def visible_keys(
@@ -234,9 +230,8 @@ def key_distance(query_positions: torch.Tensor, key_count: int) -> torch.Tensor:
 @dataclass
 class AttentionLayout:
     """Which keys each query may see, built once per stack and passed to its layers: key_padding (b, j) True for real
-    keys, or None (no mask given: every key is real); query_positions (i,), where a cache writes new keys; key_count j
-    (a static cache's capacity); causal: query i sees keys at positions <= its own; takes_is_causal: only causality
-    blocks a key, and SDPA is told `is_causal` instead of given a mask."""
+    keys, or None (every key is real); query_positions (i,); key_count j (a static cache's capacity); causal: query i
+    sees keys at positions <= its own; takes_is_causal: SDPA is told `is_causal` instead of given a mask."""
 
     key_padding: torch.Tensor | None
     query_positions: torch.Tensor
@@ -247,9 +242,8 @@ class AttentionLayout:
 
     def padding_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
         """The additive mask of plain attention (b or 1, 1, i or 1, j): 0 where a key is visible, the dtype's minimum
-        where not; None where every key is visible or SDPA is told `is_causal`. The minimum (not -inf) keeps a fully
-        masked row finite: it attends uniformly instead of producing NaN. Built once per stack; without causality from
-        the padding itself, not from its negation (`blocked_keys`): a kernel fewer."""
+        (not -inf: a fully masked row stays finite) where not; None where every key is visible or SDPA is told
+        `is_causal`. Built once per stack."""
         if (self.key_padding is None and not self.causal) or self.takes_is_causal:
             return None
         if self.bias is None or self.bias.dtype != dtype:
@@ -286,9 +280,8 @@ def granularity_bias(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """GA-attention's additive mask (b, 1, i, j) in `dtype`: log(max(M, 1e-32)) of `layout_granularity_mask` where a
-    key is visible, the dtype's minimum where it is blocked (`blocked_keys`). Everything it reads from the layout is
-    computed here from the padding (b, j) and the positions, so that compiled (`granularity_kernels.fast`) the whole
-    mask, eq. 4's sigmoid and the blocking are one generated kernel forward and about one backward."""
+    key is visible, the dtype's minimum where it is blocked (`blocked_keys`). It computes everything from the padding
+    (b, j) and the positions, so that compiled (`granularity_kernels.fast`) it is one kernel forward and one backward."""
     mask = layout_granularity_mask(kind, logits_query, logits_key, layout, epsilon)
     bias = mask.clamp(min=MASK_FLOOR).log()[:, None].to(dtype)
     blocked = blocked_keys(layout.key_padding, layout.query_positions, layout.causal, logits_key.shape[-1])
@@ -304,9 +297,8 @@ def attention_bias(
     epsilon: float = 0.0,
     compiled: bool | None = False,
 ) -> torch.Tensor | None:
-    """The additive mask an attention module hands its attention function: the granularity bias of `kind`
-    (`granularity_bias`, compiled alone as `config.compile_granularity_masks` says: `granularity_kernels.fast`), or
-    for `kind="none"` the layout's padding bias alone."""
+    """The additive mask an attention module hands its attention function: `granularity_bias` of `kind` (compiled
+    alone as `config.compile_granularity_masks` says), or for `kind="none"` the layout's padding bias alone."""
     if kind == "none":
         return layout.padding_bias(dtype)
     bias = fast(granularity_bias, compiled, logits_query.device)
@@ -350,9 +342,8 @@ def check_attention_backend(implementation: str) -> None:
 
 
 def attention_function(implementation: str, head_dim: int, device: torch.device) -> Callable:
-    """The backend `implementation` names, from transformers' registry (so that `model.set_attn_implementation`
-    switches it at run time); SDPA on heads aligned for its fused kernels (`attention_with_aligned_heads`), and flex
-    attention reading the mask as `granularity_kernels.flex_attention_forward` does."""
+    """The backend `implementation` names, from transformers' registry (`model.set_attn_implementation` switches it
+    at run time); SDPA on heads aligned for its fused kernels, flex attention as `granularity_kernels` runs it."""
     check_attention_backend(implementation)
     if implementation in ("eager", "flex_attention"):
         return eager_attention_forward if implementation == "eager" else flex_attention_forward
@@ -360,20 +351,16 @@ def attention_function(implementation: str, head_dim: int, device: torch.device)
     return attention_with_aligned_heads(attention, head_dim, device) if implementation == "sdpa" else attention
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The cache: transformers' key/value layout, plus the granularity logits of every cached token
-# ------------------------------------------------------------------------------------------------------------------
+# --- The cache: transformers' key/value layout, plus the granularity logits of every cached token ---
 
 
 class GranularityCache(EncoderDecoderCache):
     """An `EncoderDecoderCache` that also keeps the granularity logits W_G h (eq. 4) of every cached decoder token
-    (the masks of a new query read z of all the keys it sees) and of the encoder states (computed at the first step).
+    and of the encoder states (computed at the first step): the masks of a new query read z of all the keys it sees.
 
-    Keys and values stay in transformers' layout, (b, h, t, d_head). The logits live in two more caches of the kinds
-    of the self- and cross-attention caches (dynamic, or static of the same lengths), as keys (b, 1, t, 1) beside
-    empty values (b, 1, t, 0), and follow whatever generation does to the cache (reorder beams, crop, reset, select or
-    repeat batch rows). The model wraps any `EncoderDecoderCache` it is given (e.g. the static cache of
-    `generate(cache_implementation="static")`) at the first decoding step.
+    Keys and values keep transformers' layout (b, h, t, d_head). The logits live in two more caches of the same kinds
+    (dynamic, or static of the same lengths) as keys (b, 1, t, 1) beside empty values, and follow whatever generation
+    does to the cache. The model wraps any empty `EncoderDecoderCache` it is given (e.g. a static one).
     """
 
     def __init__(
@@ -389,8 +376,7 @@ class GranularityCache(EncoderDecoderCache):
 
     @classmethod
     def wrap(cls, cache: EncoderDecoderCache) -> "GranularityCache":
-        """The same sub-caches plus empty logit caches of their kind; a cache that already holds decoder tokens
-        (without their logits) cannot be continued."""
+        """The same sub-caches plus empty logit caches of their kind; one that holds tokens cannot be continued."""
         if cache.get_seq_length() > 0 or any(cache.is_updated.values()):
             raise ValueError(
                 f"{CACHE_NAME} holds decoder tokens or encoder keys but not their granularity z (eq. 4), which "
@@ -418,8 +404,7 @@ class GranularityCache(EncoderDecoderCache):
         return kept[:, 0, :, 0]
 
     def update_granularity_logits(self, logits: torch.Tensor, layer_idx: int, cache_kwargs: dict) -> torch.Tensor:
-        """Store the logits (b, i) of new decoder tokens of self-attention layer `layer_idx`; return those of all its
-        keys (b, j)."""
+        """Store the logits (b, i) of new decoder tokens of self-attention layer `layer_idx`; return all its keys'."""
         return self.store(self.granularity_logits_cache, logits, layer_idx, cache_kwargs)
 
     def update_cross_granularity_logits(self, logits: torch.Tensor, layer_idx: int) -> torch.Tensor:
@@ -430,30 +415,28 @@ class GranularityCache(EncoderDecoderCache):
         """The logits (b, j) of the encoder states stored by `update_cross_granularity_logits`."""
         return self.cross_granularity_logits_cache.layers[layer_idx].keys[:, 0, :, 0]
 
+    def follow(self, method: str, *args, cross: bool = True) -> None:
+        """Apply `EncoderDecoderCache.<method>` to keys and values and to the logit caches (the cross one with
+        `cross`): what generation does to the cache, it does to the logits."""
+        getattr(super(), method)(*args)
+        for cache in (self.granularity_logits_cache, self.cross_granularity_logits_cache)[: 1 + cross]:
+            getattr(cache, method)(*args)
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        super().reorder_cache(beam_idx)
-        self.granularity_logits_cache.reorder_cache(beam_idx)
-        self.cross_granularity_logits_cache.reorder_cache(beam_idx)
+        self.follow("reorder_cache", beam_idx)
 
     def reset(self) -> None:
-        super().reset()
-        self.granularity_logits_cache.reset()
-        self.cross_granularity_logits_cache.reset()
+        self.follow("reset")
 
     def crop(self, length: int) -> None:
         """`length` as transformers reads it: 5.x removes -length tokens, 4.57 keeps the first `length`."""
-        super().crop(length)
-        self.granularity_logits_cache.crop(length)
+        self.follow("crop", length, cross=False)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
-        self.granularity_logits_cache.batch_repeat_interleave(repeats)
-        self.cross_granularity_logits_cache.batch_repeat_interleave(repeats)
+        self.follow("batch_repeat_interleave", repeats)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        self.granularity_logits_cache.batch_select_indices(indices)
-        self.cross_granularity_logits_cache.batch_select_indices(indices)
+        self.follow("batch_select_indices", indices)
 
 
 def cache_capacity(cache: EncoderDecoderCache) -> int | None:
@@ -462,9 +445,7 @@ def cache_capacity(cache: EncoderDecoderCache) -> int | None:
     return getattr(layers[0], "max_cache_len", None) if layers else None
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Transformer blocks
-# ------------------------------------------------------------------------------------------------------------------
+# --- Transformer blocks ---
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -652,9 +633,7 @@ class CDNPGDecoderLayer(CDNPGLayer):
         return self.feed_forward(hidden_states), self_weights, cross_weights, self_z, cross_z
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Outputs: the standard ones plus z of every layer (the paper's Figure 2)
-# ------------------------------------------------------------------------------------------------------------------
+# --- Outputs: the standard ones plus z of every layer (the paper's Figure 2) ---
 
 
 @dataclass
@@ -705,9 +684,7 @@ class CDNPGModelKwargs(TransformersKwargs, total=False):
     output_granularities: bool | None
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Models
-# ------------------------------------------------------------------------------------------------------------------
+# --- Models ---
 
 
 class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
@@ -750,12 +727,9 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
 
 
 class CDNPGStack(CDNPGPreTrainedModel):
-    """What the encoder and the decoder share: token and learned position embeddings, then an optional LayerNorm;
-    its layers run in turn; the output flags a call leaves out are the config's.
-
-    The paper's model adds token and position embeddings (eq. 3); BART and BERT checkpoints also scale the tokens
-    and/or normalise the sum (`scale_embedding`, `layernorm_embedding`, `position_offset`).
-    """
+    """What the encoder and the decoder share: token plus learned position embeddings (eq. 3; BART and BERT
+    checkpoints also scale the tokens and/or normalise the sum: `scale_embedding`, `layernorm_embedding`,
+    `position_offset`), then the layers in turn; the output flags a call leaves out are the config's."""
 
     is_decoder = False  # the decoder's layers are causal, cached and cross-attend
 
@@ -788,9 +762,9 @@ class CDNPGStack(CDNPGPreTrainedModel):
         past_length: int | torch.Tensor = 0,
         capacity: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token (scaled when `scale_embedding`; `inputs_embeds` as given) plus position embeddings, and the positions
-        (`past_length` onwards). They are checked against the table from Python ints, never from a tensor (a host
-        sync on a GPU): a static cache's length is a tensor, and its `capacity` bounds every position it holds."""
+        """Token (scaled when `scale_embedding`) plus position embeddings (b, i, d), and the positions (i,) from
+        `past_length` on. They are checked against the table from Python ints, never from a tensor (a host sync on a
+        GPU): a static cache's length is a tensor, and its `capacity` bounds every position it holds."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Pass exactly one of input_ids or inputs_embeds to the {type(self).__name__}.")
         if inputs_embeds is None:
@@ -814,16 +788,19 @@ class CDNPGStack(CDNPGPreTrainedModel):
             hidden_states = self.layernorm_embedding(hidden_states)
         return self.dropout(hidden_states), positions
 
-    def run_layers(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, tuple, tuple]:
-        """Every layer in turn (the other arguments are passed to each as given). Returns the last hidden states, the
-        input of every layer followed by the last hidden states, and what else the layers return (attention
-        weights, z), one tuple over the layers for each."""
+    def run_layers(
+        self, hidden_states: torch.Tensor, *args, output_hidden_states: bool, **kwargs
+    ) -> tuple[torch.Tensor, tuple | None, tuple]:
+        """Every layer in turn, the other arguments passed to each as given. Returns the last hidden states; with
+        `output_hidden_states` the input of every layer and the last hidden states, else None; and each further
+        output of the layers (attention weights, z) as a tuple over the layers, None where the layers return None."""
         all_hidden, per_layer = [hidden_states], []
         for layer in self.layers:
             hidden_states, *extras = layer(hidden_states, *args, **kwargs)
             all_hidden.append(hidden_states)
             per_layer.append(extras)
-        return hidden_states, tuple(all_hidden), tuple(zip(*per_layer))
+        extras = tuple(None if outputs[0] is None else outputs for outputs in zip(*per_layer))
+        return hidden_states, tuple(all_hidden) if output_hidden_states else None, extras
 
 
 class CDNPGEncoder(CDNPGStack):
@@ -840,15 +817,13 @@ class CDNPGEncoder(CDNPGStack):
         token_type_ids: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-    ) -> CDNPGEncoderOutput:
-        r"""
+    ) -> tuple | CDNPGEncoderOutput:
+        """The encoder states (b, s, d) of the source (b, s); no **kwargs, which would make `generate()` pass every
+        model kwarg (`labels` too).
+
         token_type_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): accepted because
             BERT tokenizers return them; all 0 (C-DNPG has no segment embeddings: one sentence per input).
         output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer.
-        output_attentions, output_hidden_states (`bool`, *optional*): default: the config's.
-
-        No **kwargs: `generate()` hands an encoder that takes them every model kwarg (the Seq2SeqTrainer's `labels`
-        too), and one that does not only those it names.
         """
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if token_type_ids is not None and bool(token_type_ids.any()):
@@ -860,17 +835,15 @@ class CDNPGEncoder(CDNPGStack):
         # N of eq. 8 is each sentence's own number of real tokens: batch composition never changes an output
         key_padding = attention_mask.bool() if attention_mask is not None else None  # no mask: SDPA gets none
         layout = AttentionLayout(key_padding, positions, hidden_states.shape[1], causal=False)
-
         hidden_states, all_hidden, (attentions, z) = self.run_layers(
-            hidden_states, layout, output_attentions=output_attentions, output_granularities=bool(output_granularities)
+            hidden_states,
+            layout,
+            output_attentions=output_attentions,
+            output_granularities=bool(output_granularities),
+            output_hidden_states=output_hidden_states,
         )
-        return CDNPGEncoderOutput(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden if output_hidden_states else None,
-            attentions=attentions if output_attentions else None,
-            granularities=z if output_granularities and z[0] is not None else None,
-            source_ids=input_ids if self.config.copy_mechanism is not None else None,
-        )
+        source_ids = input_ids if self.config.copy_mechanism is not None else None
+        return CDNPGEncoderOutput(hidden_states, all_hidden, attentions, granularities=z, source_ids=source_ids)
 
 
 class CDNPGDecoder(CDNPGStack):
@@ -878,8 +851,7 @@ class CDNPGDecoder(CDNPGStack):
 
     is_decoder = True
 
-    @can_return_tuple
-    @takes_cache_by_either_name
+    @forward_with_cache
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -893,14 +865,12 @@ class CDNPGDecoder(CDNPGStack):
         output_granularities: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-    ) -> CDNPGDecoderOutput:
+    ) -> tuple | CDNPGDecoderOutput:
         r"""
         attention_mask (`torch.Tensor` of shape `(batch_size, target_length)`, *optional*): 1 for real decoder
             tokens, covering the cached and the new positions.
-        cache (`EncoderDecoderCache`, *optional*): a cache to extend (also taken as `past_key_values`, its name before
-            transformers 5.24); an empty transformers cache (dynamic or static) is wrapped into a `GranularityCache`,
-            which the output returns.
-        output_attentions, output_hidden_states (`bool`, *optional*): default: the config's.
+        cache (`EncoderDecoderCache`, *optional*): a cache to extend (also taken as `past_key_values`); an empty
+            transformers cache (dynamic or static) is wrapped into a `GranularityCache`, which the output returns.
         """
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if self.gradient_checkpointing and self.training:
@@ -936,8 +906,8 @@ class CDNPGDecoder(CDNPGStack):
                     f"holds at most {capacity} and {num_queries} are new."
                 )
             key_padding = F.pad(attention_mask.bool(), (0, key_length - attention_mask.shape[-1]), value=True)
-        # N of eq. 8 for query i is what query i can see, i + 1: cached decoding equals a full forward. Plain
-        # attention on SDPA (not the reference path of the weights) over nothing but the new tokens takes `is_causal`
+        # N of eq. 8 for query i is i + 1: cached decoding equals a full forward. Plain attention on SDPA over
+        # nothing but the new tokens takes `is_causal`
         sdpa = self.config._attn_implementation == "sdpa" and self.config.granularity_mask == "none"
         plain_causal = sdpa and not output_attentions and key_padding is None and capacity is None and past_length == 0
         self_layout = AttentionLayout(
@@ -954,15 +924,16 @@ class CDNPGDecoder(CDNPGStack):
             cache=cache,
             output_attentions=output_attentions,
             output_granularities=bool(output_granularities),
+            output_hidden_states=output_hidden_states,
         )
         return CDNPGDecoderOutput(
             last_hidden_state=hidden_states,
             **{CACHE_NAME: cache if use_cache else None},
-            hidden_states=all_hidden if output_hidden_states else None,
-            attentions=self_attentions if output_attentions else None,
-            cross_attentions=cross_attentions if output_attentions else None,
-            granularities=self_z if output_granularities and self_z[0] is not None else None,
-            cross_granularities=cross_z if output_granularities and cross_z[0] is not None else None,
+            hidden_states=all_hidden,
+            attentions=self_attentions,
+            cross_attentions=cross_attentions,
+            granularities=self_z,
+            cross_granularities=cross_z,
         )
 
 
@@ -987,8 +958,7 @@ class CDNPGModel(CDNPGPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
 
-    @can_return_tuple
-    @takes_cache_by_either_name
+    @forward_with_cache
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1003,14 +973,14 @@ class CDNPGModel(CDNPGPreTrainedModel):
         use_cache: bool | None = None,
         output_granularities: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> CDNPGModelOutput:
-        r"""
+    ) -> tuple | CDNPGModelOutput:
+        """The decoder states (b, t, d) given the source (or its `encoder_outputs`) and the decoder inputs.
+
         cache (`EncoderDecoderCache`, *optional*): see `CDNPGDecoder.forward` (also taken as `past_key_values`).
         token_type_ids: see `CDNPGEncoder.forward`; ignored when `encoder_outputs` are given.
         output_granularities (`bool`, *optional*): return z (eq. 4) of every layer, e.g. to draw the paper's Figure 2.
-        kwargs: transformers' `output_attentions` and `output_hidden_states`, passed to both stacks, and what
-            `generate()` passes every model and C-DNPG has no use for (`PASSED_TO_EVERY_MODEL`); any other is refused
-            (`refuse_unused`).
+        kwargs: `output_attentions` and `output_hidden_states` (passed to both stacks), and what transformers passes
+            every model (`PASSED_TO_EVERY_MODEL`); any other is refused (`refuse_unused`).
         """
         refuse_unused(kwargs, "CDNPGModel.forward")
         flags = {name: kwargs.get(name) for name in ("output_attentions", "output_hidden_states")}
@@ -1227,8 +1197,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         self.generation_config.num_beams = 8
         self.generation_config.max_new_tokens = 20
 
-    @can_return_tuple
-    @takes_cache_by_either_name
+    @forward_with_cache
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1240,7 +1209,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs: Unpack[CDNPGModelKwargs],
-    ) -> CDNPGSeq2SeqLMOutput:
+    ) -> tuple | CDNPGSeq2SeqLMOutput:
         r"""
         encoder_outputs, inputs_embeds: see `CDNPGModel.forward` (named: `generate()` looks for them by name).
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`): target ids, -100 where ignored; the
