@@ -1121,22 +1121,20 @@ def copy_distribution(
 
 class CopyMechanism(nn.Module):
     """A pointer over the source tokens mixed with the vocabulary distribution (the paper's Transformer+Copy row of
-    Table 2; DNPG's eq. 8; See et al. 2017): P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj, with α_t a
-    one-head attention of the decoder state over the encoder states. Returned as log-probabilities, which pass through
-    log_softmax unchanged, so the loss, label smoothing and every decoding mode read them as logits.
+    Table 2; DNPG's eq. 8; See et al. 2017): P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj, α_t a one-head
+    attention of the decoder state over the encoder states. Returned as log-probabilities, which log_softmax leaves
+    unchanged, so the loss and every decoding mode read them as logits.
 
-    Gates (`CDNPGConfig.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]) with c_t the copy context; `granularity`:
-    α re-weighted by the source tokens' z (details are copied) and ρ_t = z of the decoder position, both from the last
-    decoder layer's cross-attention granularity head. `copy_excluded_token_ids` are never pointed at (ρ_t = 0 where
-    the source holds nothing else). The formulas (`copy_attention`, `copy_distribution`) run compiled where the masks
-    do (`granularity_kernels.fast`): a few generated kernels instead of about 45 aten kernels each way.
+    Gates (`config.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]), c_t the copy context; `granularity`, α
+    weighted by the source tokens' z and ρ_t = z of the decoder position, from the last cross-attention's granularity
+    head. `copy_excluded_token_ids` are never pointed at. The formulas run compiled where the masks do (`fast`).
     """
 
     def __init__(self, config: CDNPGConfig):
         super().__init__()
         self.excluded_token_ids = tuple(config.copy_excluded_token_ids or ())
         self.excluded_ids_on = {}  # device -> excluded_token_ids as a tensor, built once (not per forward)
-        self.config = config  # read at each call: run.py sets compile_granularity_masks after construction
+        self.config = config  # read at each call: compile_granularity_masks may be set after construction
         self.scaling = config.d_model**-0.5
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
@@ -1153,14 +1151,13 @@ class CopyMechanism(nn.Module):
         z_target: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits (b, i, V) of the vocabulary, decoder states (b, i, d), encoder states (b, j, d), source ids and
-        mask (b, j), for the granularity gate the granularity logits W_G h of the source (b, j) and z of the decoder
-        positions (b, i), labels (b, i) -> log P(y_t) (b, i, V) and the summed NLL of the labels or None
-        (`copy_distribution`)."""
+        """logits (b, i, V), decoder states (b, i, d), encoder states (b, j, d), source ids and mask (b, j), for the
+        granularity gate the logits W_G h of the source (b, j) and z of the decoder positions (b, i), labels (b, i)
+        -> log P(y_t) (b, i, V) and the summed NLL of the labels or None (`copy_distribution`)."""
         copyable = source_mask.bool()
         if self.excluded_token_ids:
             excluded = self.excluded_ids_on.get(source_ids.device)
-            if excluded is None:  # a tensor from a Python tuple: once per device, not a host-to-device copy per call
+            if excluded is None:  # once per device, not a host-to-device copy per call
                 excluded = self.excluded_ids_on[source_ids.device] = source_ids.new_tensor(self.excluded_token_ids)
             copyable = copyable & ~torch.isin(source_ids, excluded)
         scores = self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)
@@ -1188,12 +1185,10 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         self.lm_head_transform = CDNPGPredictionHeadTransform(config) if config.lm_head_transform else None
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_transform)
         self.copy_mechanism = CopyMechanism(config) if config.copy_mechanism is not None else None
-        # labels are not shifted inside the model (the decoder inputs are): token t of `labels` is predicted at
-        # decoder position t, which is transformers' masked-LM loss, not its causal-LM one
+        # token t of `labels` is predicted at decoder position t (the decoder inputs are shifted, the labels not)
         self.loss_type = "ForMaskedLM"
         self.post_init()
-        # The paper's decoding (Section 4.2): beam 8 over sentences of at most 20 tokens. A checkpoint's own
-        # generation_config.json replaces these on from_pretrained.
+        # the paper's decoding (Section 4.2): beam 8, at most 20 tokens; a checkpoint's generation_config.json wins
         self.generation_config.num_beams = 8
         self.generation_config.max_new_tokens = 20
 
@@ -1210,16 +1205,16 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs: Unpack[CDNPGModelKwargs],
     ) -> tuple | CDNPGSeq2SeqLMOutput:
-        r"""
+        """Logits (b, t, V) of the next token at each decoder position, and the loss given `labels`.
+
         encoder_outputs, inputs_embeds: see `CDNPGModel.forward` (named: `generate()` looks for them by name).
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`): target ids, -100 where ignored; the
             decoder inputs are derived from them when not given.
-        logits_to_keep (`int` or `torch.Tensor`): logits only for the last `logits_to_keep` decoder positions (0:
-            all), or for the given positions; generation asks for the last one.
+        logits_to_keep (`int` or `torch.Tensor`): logits for the last `logits_to_keep` positions (0: all) or for
+            the given ones.
         num_items_in_batch: the target tokens of the whole (accumulated, all-process) batch, as `Trainer` passes it:
-            the loss is the token sum divided by it, the mean token loss whatever the processes or accumulation.
-        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), passed on as given; everything
-            after `attention_mask` is keyword-only, so that no positional argument lands in the wrong place.
+            the loss is the token sum divided by it.
+        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), keyword-only, passed on as given.
         """
         if labels is not None:
             kwargs["use_cache"] = False
@@ -1238,11 +1233,10 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         )
         positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         decoder_states = outputs.last_hidden_state[:, positions]
-        hidden_states = decoder_states
-        if self.lm_head_transform is not None:
-            hidden_states = self.lm_head_transform(hidden_states)
-        logits = self.lm_head(hidden_states)
-        nll = None
+        hidden_states = (
+            self.lm_head_transform(decoder_states) if self.lm_head_transform is not None else decoder_states
+        )
+        logits, nll = self.lm_head(hidden_states), None
         if self.copy_mechanism is not None:
             source_ids = input_ids if input_ids is not None else getattr(encoder_outputs, "source_ids", None)
             logits, nll = self.copy(logits, decoder_states, outputs, source_ids, attention_mask, positions, labels)
@@ -1251,12 +1245,13 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         if labels is not None:
             if num_items_in_batch is None:  # the mean over real target tokens; 0, not NaN, when there are none
                 num_items_in_batch = (labels != -100).sum().clamp(min=1)
-            if nll is not None:  # the copy mechanism's, read at the labels: the NLL of the returned log-probabilities
-                loss = nll / num_items_in_batch
-            else:
-                loss = self.loss_function(
+            loss = (  # the copy mechanism's NLL is read at the labels from the returned log-probabilities
+                nll / num_items_in_batch
+                if nll is not None
+                else self.loss_function(
                     logits, labels.contiguous(), self.config.vocab_size, num_items_in_batch=num_items_in_batch
                 )
+            )
 
         # everything the bare model returns but its last hidden state, which the logits replace
         left_out = {"last_hidden_state"}
@@ -1267,30 +1262,26 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
 
     def copy(self, logits, decoder_states, outputs, source_ids, attention_mask, positions, labels=None):
         """The vocabulary logits mixed with the copy distribution (`CopyMechanism`), as log-probabilities, and the
-        summed NLL of the labels when given."""
+        summed NLL of the labels when given. The granularity gate reads the logits W_G h (b, j) of the source as the
+        last cross-attention sees them (from the cache once stored there) and z of its queries (b, i)."""
         if source_ids is None:
             raise ValueError(
                 "copy_mechanism: the copy distribution is put on the source token ids: pass input_ids, or "
                 "encoder_outputs as this model's encoder returns them (with source_ids), not a tuple or embeddings"
             )
-        encoder_states = outputs.encoder_last_hidden_state
+        encoder_states, cache = outputs.encoder_last_hidden_state, getattr(outputs, CACHE_NAME, None)
         mask = attention_mask if attention_mask is not None else torch.ones_like(source_ids)
         logits_source = z_target = None
         if self.config.copy_mechanism == "granularity":
-            logits_source = self.source_granularity_logits(encoder_states, getattr(outputs, CACHE_NAME, None))
-            z_target = outputs.cross_granularities[-1][:, positions]  # (b, i)
+            attention = self.model.decoder.layers[-1].encoder_attn
+            if isinstance(cache, GranularityCache) and cache.is_updated.get(attention.layer_idx):
+                logits_source = cache.cross_granularity_logits(attention.layer_idx)
+            else:
+                logits_source = attention.granularity_head(encoder_states)
+            z_target = outputs.cross_granularities[-1][:, positions]
         return self.copy_mechanism(
             logits, decoder_states, encoder_states, source_ids, mask, logits_source, z_target, labels=labels
         )
-
-    def source_granularity_logits(self, encoder_states: torch.Tensor, cache: Cache | None) -> torch.Tensor:
-        """The granularity logits W_G h (b, j) of the source tokens as the last decoder layer's cross-attention sees
-        them, whose z the granularity gate weighs the copy attention by: read from the cache, where that layer stored
-        them at the first decoding step, else computed by its head."""
-        attention = self.model.decoder.layers[-1].encoder_attn
-        if isinstance(cache, GranularityCache) and cache.is_updated.get(attention.layer_idx):
-            return cache.cross_granularity_logits(attention.layer_idx)
-        return attention.granularity_head(encoder_states)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by `DataCollatorForSeq2Seq` to build decoder inputs in the collator."""
@@ -1301,12 +1292,10 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         backend. C-DNPG builds its own additive mask (padding plus the granularity term) from the 2-D one: keep it."""
         return attention_mask
 
-    # --- granularity-aware paraphrasing lives in generation_cdnpg.py: granularity_processors() and paraphrase() ---
+    # granularity-aware paraphrasing lives in generation_cdnpg.py: granularity_processors() and paraphrase()
     def generate(self, *args, **kwargs):
-        """`GenerationMixin.generate`, unchanged. Only checked first: the arguments of granularity-aware
-        paraphrasing, which generate() does not take (transformers would refuse them as unused model kwargs, or
-        a calibrated generation config would swallow `novelty_z_layer` silently), and a number of sequences below
-        one, which failed deep in beam search."""
+        """`GenerationMixin.generate`, refusing first the arguments of granularity-aware paraphrasing (which
+        generate() does not take) with where they belong, and a number of sequences below one."""
         misplaced = sorted(PARAPHRASE_ARGUMENTS & set(kwargs))
         if misplaced:
             raise TypeError(
@@ -1319,8 +1308,6 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1):
             raise ValueError(f"num_return_sequences must be a positive integer (sequences per input), got {wanted!r}")
         return super().generate(*args, **kwargs)
-
-    # --- end of granularity-aware paraphrasing ---
 
 
 __all__ = [
