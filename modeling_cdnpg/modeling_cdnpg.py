@@ -196,37 +196,6 @@ def granularity_mask(
 # --- Attention: which keys each query sees, the additive mask, and the attention function ---
 
 
-def visible_keys(
-    key_padding: torch.Tensor | None, query_positions: torch.Tensor, causal: bool, key_count: int
-) -> torch.Tensor:
-    """N of eq. 8 (b or 1, i) float: the number of keys query i sees, the real keys (key_padding (b, j) True; None:
-    every key is real) at positions up to its own (`causal`) or at any of the `key_count`."""
-    last = query_positions if causal else torch.full_like(query_positions, key_count - 1)
-    if key_padding is None:  # the keys at positions 0 .. last
-        return (last + 1).float()[None]
-    visible_so_far = key_padding.long().cumsum(-1)  # (b, j): real keys at positions <= j
-    return visible_so_far[:, last].float()
-
-
-def blocked_keys(
-    key_padding: torch.Tensor | None, query_positions: torch.Tensor, causal: bool, key_count: int
-) -> torch.Tensor | None:
-    """(b or 1, 1, i or 1, j) bool, True where a query may not see a key: padding (`key_padding` (b, j) True for real
-    tokens; None: none is padding) and, when `causal`, keys after the query's position; None where every key is
-    visible."""
-    blocked = ~key_padding[:, None, None, :] if key_padding is not None else None  # (b, 1, 1, j)
-    if causal:
-        key_positions = torch.arange(key_count, device=query_positions.device)
-        future = (key_positions > query_positions[:, None])[None, None]  # (1, 1, i, j)
-        blocked = future if blocked is None else blocked | future  # (b, 1, i, j)
-    return blocked
-
-
-def key_distance(query_positions: torch.Tensor, key_count: int) -> torch.Tensor:
-    """|i - j| (i, j) float of eq. 8, between the queries' positions and those of the keys, 0 .. key_count - 1."""
-    return (query_positions[:, None] - torch.arange(key_count, device=query_positions.device)).abs().float()
-
-
 @dataclass
 class AttentionLayout:
     """Which keys each query may see, built once per stack and passed to its layers: key_padding (b, j) True for real
@@ -249,12 +218,39 @@ class AttentionLayout:
         if self.bias is None or self.bias.dtype != dtype:
             minimum, device = torch.finfo(dtype).min, self.query_positions.device
             if self.causal:
-                blocked = blocked_keys(self.key_padding, self.query_positions, True, self.key_count)
+                blocked = blocked_keys(self, self.key_count)
                 self.bias = torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, minimum)
             else:
                 visible = self.key_padding[:, None, None, :]
                 self.bias = torch.full(visible.shape, minimum, dtype=dtype, device=device).masked_fill_(visible, 0.0)
         return self.bias
+
+
+def visible_keys(layout: AttentionLayout, key_count: int) -> torch.Tensor:
+    """N of eq. 8 (b or 1, i) float: the number of keys query i sees, the real keys (`layout.key_padding`) at positions
+    up to its own (causal) or at any of the `key_count`."""
+    positions = layout.query_positions
+    last = positions if layout.causal else torch.full_like(positions, key_count - 1)
+    if layout.key_padding is None:  # the keys at positions 0 .. last
+        return (last + 1).float()[None]
+    visible_so_far = layout.key_padding.long().cumsum(-1)  # (b, j): real keys at positions <= j
+    return visible_so_far[:, last].float()
+
+
+def blocked_keys(layout: AttentionLayout, key_count: int) -> torch.Tensor | None:
+    """(b or 1, 1, i or 1, j) bool, True where a query may not see a key: padding and, when causal, keys after the
+    query's position; None where every key is visible."""
+    blocked = ~layout.key_padding[:, None, None, :] if layout.key_padding is not None else None  # (b, 1, 1, j)
+    if layout.causal:
+        key_positions = torch.arange(key_count, device=layout.query_positions.device)
+        future = (key_positions > layout.query_positions[:, None])[None, None]  # (1, 1, i, j)
+        blocked = future if blocked is None else blocked | future  # (b, 1, i, j)
+    return blocked
+
+
+def key_distance(query_positions: torch.Tensor, key_count: int) -> torch.Tensor:
+    """|i - j| (i, j) float of eq. 8, between the queries' positions and those of the keys, 0 .. key_count - 1."""
+    return (query_positions[:, None] - torch.arange(key_count, device=query_positions.device)).abs().float()
 
 
 def layout_granularity_mask(
@@ -265,9 +261,9 @@ def layout_granularity_mask(
     z_i, z_j = torch.sigmoid(logits_query)[:, :, None], torch.sigmoid(logits_key)[:, None, :]  # eq. 4
     length = distance = None
     if kind != "resonance":  # the resonance mask reads neither N nor |i - j|
-        key_padding, positions, key_count = layout.key_padding, layout.query_positions, logits_key.shape[-1]
-        length = visible_keys(key_padding, positions, layout.causal, key_count)[:, :, None].to(z_i.dtype)
-        distance = key_distance(positions, key_count).to(z_i.dtype)
+        key_count = logits_key.shape[-1]  # a tensor's size, not `layout.key_count`: compiled, lengths stay dynamic
+        length = visible_keys(layout, key_count)[:, :, None].to(z_i.dtype)
+        distance = key_distance(layout.query_positions, key_count).to(z_i.dtype)
     return granularity_mask(kind, z_i, z_j, length, distance, epsilon)
 
 
@@ -284,7 +280,7 @@ def granularity_bias(
     (b, j) and the positions, so that compiled (`granularity_kernels.fast`) it is one kernel forward and one backward."""
     mask = layout_granularity_mask(kind, logits_query, logits_key, layout, epsilon)
     bias = mask.clamp(min=MASK_FLOOR).log()[:, None].to(dtype)
-    blocked = blocked_keys(layout.key_padding, layout.query_positions, layout.causal, logits_key.shape[-1])
+    blocked = blocked_keys(layout, logits_key.shape[-1])
     return bias if blocked is None else bias.masked_fill(blocked, torch.finfo(dtype).min)
 
 
@@ -403,16 +399,8 @@ class GranularityCache(EncoderDecoderCache):
         kept, _ = cache.update(logits, logits if static else logits[..., :0], layer_idx, cache_kwargs)
         return kept[:, 0, :, 0]
 
-    def update_granularity_logits(self, logits: torch.Tensor, layer_idx: int, cache_kwargs: dict) -> torch.Tensor:
-        """Store the logits (b, i) of new decoder tokens of self-attention layer `layer_idx`; return all its keys'."""
-        return self.store(self.granularity_logits_cache, logits, layer_idx, cache_kwargs)
-
-    def update_cross_granularity_logits(self, logits: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        """Store the logits (b, j) of the encoder states as cross-attention layer `layer_idx` sees them."""
-        return self.store(self.cross_granularity_logits_cache, logits, layer_idx, None)
-
     def cross_granularity_logits(self, layer_idx: int) -> torch.Tensor:
-        """The logits (b, j) of the encoder states stored by `update_cross_granularity_logits`."""
+        """The logits (b, j) of the encoder states that cross-attention layer `layer_idx` stored."""
         return self.cross_granularity_logits_cache.layers[layer_idx].keys[:, 0, :, 0]
 
     def follow(self, method: str, *args, cross: bool = True) -> None:
@@ -498,7 +486,7 @@ class CDNPGAttention(nn.Module):
         if cross_cache is not None:
             key_states, value_states = cross_cache.update(key_states, value_states, self.layer_idx)
             if has_head:
-                logits_key = cache.update_cross_granularity_logits(logits_key, self.layer_idx)
+                logits_key = cache.store(cache.cross_granularity_logits_cache, logits_key, self.layer_idx, None)
             cache.is_updated[self.layer_idx] = True
         return key_states, value_states, logits_key
 
@@ -528,7 +516,7 @@ class CDNPGAttention(nn.Module):
                     key_states, value_states, self.layer_idx, cache_kwargs
                 )
                 if logits_key is not None:
-                    logits_key = cache.update_granularity_logits(logits_key, self.layer_idx, cache_kwargs)
+                    logits_key = cache.store(cache.granularity_logits_cache, logits_key, self.layer_idx, cache_kwargs)
 
         implementation, extra = self.config._attn_implementation or "eager", {}
         kind, epsilon, compiled = self.mask_kind, self.config.scope_epsilon, self.config.compile_granularity_masks
@@ -584,16 +572,10 @@ class CDNPGEncoderLayer(CDNPGLayer):
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.add_feed_forward(config, config.encoder_ffn_dim)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        layout: AttentionLayout,
-        output_attentions: bool = False,
-        output_granularities: bool = True,
-    ):
-        attn_output, attn_weights, z = self.self_attn(
-            hidden_states, layout, output_attentions=output_attentions, output_granularities=output_granularities
-        )
+    def forward(self, hidden_states: torch.Tensor, layout: AttentionLayout, **outputs: bool):
+        """hidden_states (b, s, d) -> hidden_states, attention weights or None, z (b, s) or None (`outputs`: the
+        attention's `output_attentions`, `output_granularities`)."""
+        attn_output, attn_weights, z = self.self_attn(hidden_states, layout, **outputs)
         hidden_states = self.self_attn_layer_norm(hidden_states + self.dropout(attn_output))
         return self.feed_forward(hidden_states), attn_weights, z
 
@@ -620,10 +602,8 @@ class CDNPGDecoderLayer(CDNPGLayer):
         self_layout: AttentionLayout,
         cross_layout: AttentionLayout,
         cache: GranularityCache | EncoderDecoderCache | None = None,
-        output_attentions: bool = False,
-        output_granularities: bool = True,
+        **outputs: bool,
     ):
-        outputs = {"output_attentions": output_attentions, "output_granularities": output_granularities}
         attn_output, self_weights, self_z = self.self_attn(hidden_states, self_layout, cache=cache, **outputs)
         hidden_states = self.self_attn_layer_norm(hidden_states + self.dropout(attn_output))
         attn_output, cross_weights, cross_z = self.encoder_attn(
@@ -670,18 +650,6 @@ class CDNPGSeq2SeqLMOutput(Seq2SeqLMOutput):
     encoder_granularities: tuple[torch.FloatTensor, ...] | None = None
     decoder_granularities: tuple[torch.FloatTensor, ...] | None = None
     cross_granularities: tuple[torch.FloatTensor, ...] | None = None
-
-
-class CDNPGModelKwargs(TransformersKwargs, total=False):
-    """The arguments of `CDNPGModel.forward` that `CDNPGForConditionalGeneration.forward` passes on as given."""
-
-    decoder_input_ids: torch.LongTensor | None
-    decoder_attention_mask: torch.Tensor | None
-    cache: EncoderDecoderCache | None
-    decoder_inputs_embeds: torch.Tensor | None
-    token_type_ids: torch.Tensor | None
-    use_cache: bool | None
-    output_granularities: bool | None
 
 
 # --- Models ---
@@ -1203,7 +1171,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs: Unpack[CDNPGModelKwargs],
+        **kwargs,
     ) -> tuple | CDNPGSeq2SeqLMOutput:
         """Logits (b, t, V) of the next token at each decoder position, and the loss given `labels`.
 
@@ -1214,7 +1182,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
             the given ones.
         num_items_in_batch: the target tokens of the whole (accumulated, all-process) batch, as `Trainer` passes it:
             the loss is the token sum divided by it.
-        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), keyword-only, passed on as given.
+        kwargs: the other arguments of `CDNPGModel.forward`, keyword-only, passed on as given.
         """
         if labels is not None:
             kwargs["use_cache"] = False
