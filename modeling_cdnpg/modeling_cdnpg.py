@@ -7,9 +7,8 @@ A post-LayerNorm Transformer encoder-decoder (eqs. 3 and 10) whose attentions ar
     S_ij   = max(0, min(1, (N - eps)^(1 - z_i) + eps - |i - j|))                eq. 8, scope mask
     Ã      = A ⊙ M,   M ∈ {C, S, C ⊙ S, (C + S) / 2}                           eq. 9
 
-z ≈ 1 marks phrase-level detail, z ≈ 0 sentence-level template. Encoder and decoder self-attention get the mask named
-by `config.granularity_mask`; cross-attention gets the resonance mask between decoder queries and encoder keys
-(`config.cross_attention_granularity`), as in the authors' released code.
+z ≈ 1 marks phrase-level detail, z ≈ 0 sentence-level template. Self-attention gets `config.granularity_mask`;
+cross-attention the resonance mask (`config.cross_attention_granularity`), as in the authors' released code.
 
 Deliberate differences from the released code, each covered by a test:
 - N in eq. 8 is the number of keys query i can see: each sentence's own length in the encoder (padding and batch
@@ -18,14 +17,12 @@ Deliberate differences from the released code, each covered by a test:
 - Masks are computed in fp32 and enter attention as the finite bias log(max(M, 1e-32)) ("log_bias" mode, the released
   code's renormalised product), so every backend that takes an additive mask runs GA-attention (eager, SDPA, flex
   attention). The literal eq. 9 ("multiply" mode) runs eager.
-- Decoding is incremental with transformers' caches (dynamic or static); the granularity logits W_G h of the cached
-  decoder tokens and of the encoder states are kept beside keys and values in a `GranularityCache`.
-- A keyword argument the model does not use is an error (`refuse_unused`), never dropped.
+- Decoding is incremental with transformers' caches; the granularity logits W_G h of the cached tokens are kept
+  beside keys and values (`GranularityCache`).
 
 The paper-named functions (`resonance_mask`, `scope_mask`, `granularity_mask`) are the specification;
-`granularity_bias` turns them into attention's additive mask, run compiled alone where
-`config.compile_granularity_masks` says (`granularity_kernels.fast`). A training step or a cached decoding step reads
-no tensor on the host; only `token_type_ids`, when given, are checked for segment 1.
+`granularity_bias` turns them into attention's additive mask, compiled alone where `config.compile_granularity_masks`
+says. A training or cached decoding step reads no tensor on the host (only `token_type_ids`, when given).
 
 Shape legend: b batch, h heads, i query positions, j key positions, d model width.
 Supported: transformers 4.57.x and 5.x. This file is copied into every saved checkpoint (remote code), so it imports
@@ -135,15 +132,13 @@ def forward_with_cache(forward: Callable) -> Callable:
 
 
 def upcast(tensor: torch.Tensor) -> torch.Tensor:
-    """At least float32: the masks and probabilities built from z stay exact under bf16/fp16, and a float64 model
-    stays float64 throughout."""
+    """At least float32: masks and probabilities built from z stay exact under bf16/fp16 (float64 stays float64)."""
     return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
 class GranularityHead(nn.Module):
-    """Eq. 4's projection: the granularity logit W_G h (b, t), one scalar per token, whose sigmoid is z; z ≈ 1 marks
-    phrase-level detail, z ≈ 0 sentence-level template. Attention carries and caches this logit, and each mask applies
-    the sigmoid itself (`granularity_bias`), so that a compiled mask runs it inside its own kernel."""
+    """Eq. 4's projection: the granularity logit W_G h (b, t), one scalar per token, whose sigmoid is z. Attention
+    carries and caches this logit; each mask applies the sigmoid itself, inside its own compiled kernel."""
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -168,9 +163,8 @@ def scope_mask(z_i: torch.Tensor, length: torch.Tensor, distance: torch.Tensor, 
     token (z_i = 1) only its neighbours within epsilon.
 
     Elementwise: z_i and N (the number of keys query i can see) (b, i, 1), distance |i - j| (i, j) -> S (b, i, j).
-    (N - eps) is clamped at the smallest positive float: eq. 8 is undefined for N < eps (every key then lies within
-    eps anyway), and the clamp keeps the power's gradient finite.
-    """
+    (N - eps) is clamped at the smallest positive float: eq. 8 is undefined for N < eps, and the power's gradient
+    stays finite."""
     width = (length - epsilon).clamp(min=torch.finfo(torch.float32).tiny).pow(1 - z_i) + epsilon
     return (width - distance).clamp(min=0, max=1)
 
@@ -312,9 +306,8 @@ def eager_attention_forward(
     multiplier: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference attention with transformers' attention-function signature, and the only path for the literal eq. 9:
+    """Reference attention (transformers' attention-function signature), the only path for the literal eq. 9:
     `multiplier` (b, i, j) scales the softmax output without renormalising it.
-
     query (b, h, i, d), key/value (b, h, j, d), attention_mask (b, 1, i, j) -> output (b, i, h, d), weights (b, h, i, j).
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
@@ -392,8 +385,9 @@ class GranularityCache(EncoderDecoderCache):
 
     @staticmethod
     def store(cache: Cache, logits: torch.Tensor, layer_idx: int, cache_kwargs: dict | None) -> torch.Tensor:
-        """Write logits (b, i) into layer `layer_idx` of `cache` as the key of one head of width 1; return what the
-        layer holds (b, j). A static layer of transformers 4.57 sizes its values as its keys, so it keeps them twice."""
+        """Write logits (b, i) into layer `layer_idx` of `cache` (`granularity_logits_cache` or the cross one) as the
+        key of one head of width 1; return what the layer holds (b, j). A static layer of transformers 4.57 sizes its
+        values as its keys, so it keeps them twice."""
         logits = logits[:, None, :, None]
         static = layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], StaticLayer)
         kept, _ = cache.update(logits, logits if static else logits[..., :0], layer_idx, cache_kwargs)
@@ -445,9 +439,8 @@ def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start
 
 
 class CDNPGAttention(nn.Module):
-    """Multi-head attention with a granularity mask (GA-attention, eqs. 4-9): BART's attention, whose additive mask
-    carries log M (`attention_bias`). `mask_kind` is fixed by the config at construction: "none" builds no
-    granularity head and is plain attention."""
+    """GA-attention (eqs. 4-9): BART's attention, whose additive mask carries log M (`attention_bias`). `mask_kind`
+    "none" builds no granularity head and is plain attention."""
 
     def __init__(self, config: CDNPGConfig, num_heads: int, layer_idx: int, mask_kind: str, is_cross_attention=False):
         super().__init__()
@@ -473,8 +466,8 @@ class CDNPGAttention(nn.Module):
     def _encoder_keys_and_values(
         self, encoder_states: torch.Tensor, cache: EncoderDecoderCache | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Cross-attention keys, values and the granularity logits of the encoder states (None without a
-        granularity head): computed once, at the first decoding step, then read from the cache."""
+        """Cross-attention keys, values and granularity logits (or None) of the encoder states: computed once, at the
+        first decoding step, then read from the cache."""
         cross_cache = cache.cross_attention_cache if cache is not None else None
         has_head = self.granularity_head is not None
         if cross_cache is not None and cache.is_updated.get(self.layer_idx):
@@ -499,8 +492,8 @@ class CDNPGAttention(nn.Module):
         output_attentions: bool = False,
         output_granularities: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """hidden_states (b, i, d) -> output (b, i, d), attention weights (b, h, i, j) or None, and where asked and
-        there is a granularity head z of the queries (b, i) (eq. 4), else None."""
+        """hidden_states (b, i, d) -> output (b, i, d), attention weights (b, h, i, j) or None, z of the queries (b, i)
+        (eq. 4) or None."""
         query_states = self._split_heads(self.q_proj(hidden_states))
         logits_query = self.granularity_head(hidden_states) if self.granularity_head is not None else None  # GA
 
@@ -545,8 +538,7 @@ class CDNPGAttention(nn.Module):
 
 
 class CDNPGLayer(GradientCheckpointingLayer):
-    """What the encoder and decoder layers share: post-LayerNorm sublayers, H = LN(H + Sublayer(H)), of which the
-    last is the feed-forward network."""
+    """Post-LayerNorm sublayers, H = LN(H + Sublayer(H)), the last of which is the feed-forward network."""
 
     def add_feed_forward(self, config: CDNPGConfig, ffn_dim: int) -> None:
         """The feed-forward sublayer, added after the attention sublayers (modules are registered in that order)."""
@@ -669,8 +661,8 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
     _can_compile_fullgraph = True
 
     def set_attn_implementation(self, attn_implementation: str | dict, *args, **kwargs) -> None:
-        """`PreTrainedModel.set_attn_implementation`, refusing backends that would drop the granularity term with
-        the reason (transformers' own refusal says only that they are not supported "yet")."""
+        """`PreTrainedModel.set_attn_implementation`, refusing with the reason backends that would drop the
+        granularity term."""
         for implementation in (
             attn_implementation.values() if isinstance(attn_implementation, dict) else [attn_implementation]
         ):
@@ -679,9 +671,8 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """`PreTrainedModel.from_pretrained`; a truncated or corrupt weights file is reported by name. It stays in the
-        remote code because every loader of a checkpoint passes here (Auto classes, pipeline, CLI), and transformers'
-        own SafetensorError names no file."""
+        """`PreTrainedModel.from_pretrained`, naming a truncated or corrupt weights file (every loader passes here;
+        transformers' own SafetensorError names no file)."""
         try:
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except SafetensorError as error:
@@ -690,8 +681,7 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
                 f"corrupt ({error}); save or download the checkpoint again."
             ) from error
 
-    # `_init_weights` is PreTrainedModel's: Normal(0, initializer_range) for every Linear (W_G included) and
-    # Embedding, zero biases and padding row, unit LayerNorms.
+    # `_init_weights` is PreTrainedModel's: Normal(0, initializer_range) weights, zero biases, unit LayerNorms.
 
 
 class CDNPGStack(CDNPGPreTrainedModel):
@@ -731,8 +721,7 @@ class CDNPGStack(CDNPGPreTrainedModel):
         capacity: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token (scaled when `scale_embedding`) plus position embeddings (b, i, d), and the positions (i,) from
-        `past_length` on. They are checked against the table from Python ints, never from a tensor (a host sync on a
-        GPU): a static cache's length is a tensor, and its `capacity` bounds every position it holds."""
+        `past_length` on, checked against the table from Python ints (a static cache's `capacity`), never a tensor."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Pass exactly one of input_ids or inputs_embeds to the {type(self).__name__}.")
         if inputs_embeds is None:
@@ -759,9 +748,9 @@ class CDNPGStack(CDNPGPreTrainedModel):
     def run_layers(
         self, hidden_states: torch.Tensor, *args, output_hidden_states: bool, **kwargs
     ) -> tuple[torch.Tensor, tuple | None, tuple]:
-        """Every layer in turn, the other arguments passed to each as given. Returns the last hidden states; with
-        `output_hidden_states` the input of every layer and the last hidden states, else None; and each further
-        output of the layers (attention weights, z) as a tuple over the layers, None where the layers return None."""
+        """Every layer in turn, the other arguments passed to each as given -> the last hidden states; with
+        `output_hidden_states` every layer's input and the last hidden states, else None; each further output of the
+        layers (attention weights, z) as a tuple over the layers, None where the layers return None."""
         all_hidden, per_layer = [hidden_states], []
         for layer in self.layers:
             hidden_states, *extras = layer(hidden_states, *args, **kwargs)
@@ -847,8 +836,7 @@ class CDNPGDecoder(CDNPGStack):
             cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise TypeError(
-                f"{CACHE_NAME} must be an EncoderDecoderCache, got {type(cache).__name__}; "
-                "legacy tuple caches are not supported."
+                f"{CACHE_NAME} must be an EncoderDecoderCache (not a legacy tuple), got {type(cache).__name__}"
             )
         if cache is not None and self.config.granularity_mask != "none" and not isinstance(cache, GranularityCache):
             cache = GranularityCache.wrap(cache)
@@ -874,13 +862,10 @@ class CDNPGDecoder(CDNPGStack):
                     f"holds at most {capacity} and {num_queries} are new."
                 )
             key_padding = F.pad(attention_mask.bool(), (0, key_length - attention_mask.shape[-1]), value=True)
-        # N of eq. 8 for query i is i + 1: cached decoding equals a full forward. Plain attention on SDPA over
-        # nothing but the new tokens takes `is_causal`
+        # N of eq. 8 for query i is i + 1 (as cached); plain SDPA over new tokens alone takes `is_causal`
         sdpa = self.config._attn_implementation == "sdpa" and self.config.granularity_mask == "none"
-        plain_causal = sdpa and not output_attentions and key_padding is None and capacity is None and past_length == 0
-        self_layout = AttentionLayout(
-            key_padding, query_positions, key_length, causal=True, takes_is_causal=plain_causal
-        )
+        is_causal = sdpa and not output_attentions and key_padding is None and capacity is None and past_length == 0
+        self_layout = AttentionLayout(key_padding, query_positions, key_length, causal=True, takes_is_causal=is_causal)
         source_padding = encoder_attention_mask.bool() if encoder_attention_mask is not None else None
         cross_layout = AttentionLayout(source_padding, query_positions, encoder_hidden_states.shape[1], causal=False)
 
@@ -1061,9 +1046,8 @@ def copy_distribution(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj as log-probabilities (b, i, V) in at least float32,
     given the vocabulary logits (b, i, V), α (`copy_attention`) and the gate (`copy_gate`; with `excluded`, ρ_t = 0
-    where nothing is copyable), and the summed negative log-likelihood of the labels (b, i; -100 left out) or None.
-    The loss is read at the labels alone, so that its backward pass is cross-entropy's: nothing flows back through
-    the (b, i, V) mixture unless the caller uses it."""
+    where nothing is copyable), and the summed NLL of the labels (b, i; -100 left out) or None, read at the labels
+    alone: its backward pass is cross-entropy's, nothing flows back through the (b, i, V) mixture."""
     log_rho, log_not_rho = copy_gate(gate, learned, copyable if excluded else None)
     log_p = upcast(logits).log_softmax(-1)  # log P_gen
 
