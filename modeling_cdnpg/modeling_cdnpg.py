@@ -644,6 +644,19 @@ class CDNPGSeq2SeqLMOutput(Seq2SeqLMOutput):
     cross_granularities: tuple[torch.FloatTensor, ...] | None = None
 
 
+class CDNPGModelKwargs(TransformersKwargs, total=False):
+    """The arguments of `CDNPGModel.forward` that `CDNPGForConditionalGeneration.forward` passes on as given
+    (transformers reads the output flags it may pass from this TypedDict)."""
+
+    decoder_input_ids: torch.LongTensor | None
+    decoder_attention_mask: torch.Tensor | None
+    cache: EncoderDecoderCache | None
+    decoder_inputs_embeds: torch.Tensor | None
+    token_type_ids: torch.Tensor | None
+    use_cache: bool | None
+    output_granularities: bool | None
+
+
 # --- Models ---
 
 
@@ -1155,7 +1168,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[CDNPGModelKwargs],
     ) -> tuple | CDNPGSeq2SeqLMOutput:
         """Logits (b, t, V) of the next token at each decoder position, and the loss given `labels`.
 
@@ -1166,7 +1179,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
             the given ones.
         num_items_in_batch: the target tokens of the whole (accumulated, all-process) batch, as `Trainer` passes it:
             the loss is the token sum divided by it.
-        kwargs: the other arguments of `CDNPGModel.forward`, keyword-only, passed on as given.
+        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), keyword-only, passed on as given.
         """
         if labels is not None:
             kwargs["use_cache"] = False
