@@ -1,7 +1,6 @@
 """Configuration of C-DNPG (Gu et al., "Continuous Decomposition of Granularity for Neural Paraphrase Generation",
-COLING 2022). Self-contained: copied next to the weights of every saved checkpoint, so that
-`AutoConfig.from_pretrained(..., trust_remote_code=True)` works where this package is not installed; it imports only
-`transformers` (4.57.x and 5.x)."""
+COLING 2022). Remote code, copied next to the weights of every saved checkpoint: it imports only `transformers`
+(4.57.x and 5.x)."""
 
 import copy
 
@@ -10,9 +9,8 @@ from transformers import PretrainedConfig
 GRANULARITY_MASKS = ("resonance", "scope", "product", "mean", "none")
 GRANULARITY_MASK_MODES = ("log_bias", "multiply")
 COPY_MECHANISMS = (None, "learned", "granularity")
-# The text2text-generation pipeline shipped with the model code (pipeline_cdnpg.py, registered with transformers'
-# PIPELINE_REGISTRY too): transformers 5.x has no built-in one, and `pipeline("text2text-generation", model=...,
-# trust_remote_code=True)` looks it up in the saved config.
+# The text2text-generation pipeline shipped with the model code (pipeline_cdnpg.py): transformers 5.x has none, and
+# `pipeline("text2text-generation", model=..., trust_remote_code=True)` looks it up in the saved config.
 TEXT2TEXT_PIPELINE = {
     "text2text-generation": {
         "impl": "pipeline_cdnpg.CDNPGText2TextPipeline",
@@ -23,84 +21,59 @@ TEXT2TEXT_PIPELINE = {
 }
 
 
-# PretrainedConfig's special token ids, defaulting to bert-base-uncased's: decoding starts at [CLS], ends at [SEP]
 BERT_SPECIAL_TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102, "decoder_start_token_id": 101}
 
 
 class CDNPGConfig(PretrainedConfig):
-    r"""
-    Configuration of a C-DNPG encoder-decoder. Defaults reproduce the paper's Quora/Twitter setup (Section 4.2) with
-    the authors' released feed-forward size.
+    r"""Configuration of a C-DNPG encoder-decoder; the defaults are the paper's Quora/Twitter setup (Section 4.2).
 
     Args:
         vocab_size (`int`, defaults to 30522):
             Size of the shared token embedding (bert-base-uncased's WordPiece vocabulary in the paper).
-        max_position_embeddings (`int`, defaults to 512):
-            Number of learned positions (the paper truncates sentences to 20 tokens; longer inputs are not refused).
-        position_offset (`int`, defaults to 0):
-            Row of the position table (`max_position_embeddings + position_offset` rows) that position 0 reads: 2 in BART.
-        scale_embedding (`bool`, defaults to `False`):
-            Multiply token embeddings by sqrt(d_model) before adding positions (BART's `scale_embedding`).
-        layernorm_embedding (`bool`, defaults to `False`):
-            A LayerNorm over token + position embeddings at the bottom of each stack, as in BART and BERT (not eq. 3).
+        max_position_embeddings, position_offset (`int`, defaults to 512 and 0):
+            Number of learned positions (the paper truncates sentences to 20 tokens); the row that position 0 reads.
+        scale_embedding, layernorm_embedding (`bool`, defaults to `False`):
+            Multiply token embeddings by sqrt(d_model) (BART); a LayerNorm over token + position embeddings at the
+            bottom of each stack (BART, BERT). Neither is in eq. 3.
         d_model (`int`, defaults to 450):
             Hidden size of every layer (Section 4.2: "hidden size 450").
-        encoder_layers (`int`, defaults to 3):
-            Number of encoder blocks (eq. 3; Section 4.2: 3 layers).
-        decoder_layers (`int`, defaults to 3):
-            Number of decoder blocks (eq. 10; Section 4.2: 3 layers).
-        encoder_attention_heads (`int`, defaults to 9):
-            Heads of each encoder self-attention (Section 4.2: 9 heads). Must divide `d_model`.
-        decoder_attention_heads (`int`, defaults to 9):
-            Heads of each decoder self- and cross-attention. Must divide `d_model`.
-        encoder_ffn_dim (`int`, defaults to 1024):
-            Inner size of the encoder feed-forward blocks (eq. 3; 1024 in the released code).
-        decoder_ffn_dim (`int`, defaults to 1024):
-            Inner size of the decoder feed-forward blocks (eq. 10).
+        encoder_layers, decoder_layers (`int`, defaults to 3):
+            Number of encoder blocks (eq. 3) and decoder blocks (eq. 10) (Section 4.2: 3 layers).
+        encoder_attention_heads, decoder_attention_heads (`int`, defaults to 9):
+            Heads of each encoder and decoder attention (Section 4.2: 9 heads). Must divide `d_model`.
+        encoder_ffn_dim, decoder_ffn_dim (`int`, defaults to 1024):
+            Inner size of the feed-forward blocks (eqs. 3 and 10; 1024 in the released code).
         activation_function (`str`, defaults to `"relu"`):
             Feed-forward non-linearity (the Transformer FFN of eq. 3).
         layer_norm_eps (`float`, defaults to 1e-5):
             Epsilon of every LayerNorm (BERT checkpoints use 1e-12).
-        dropout (`float`, defaults to 0.1):
-            Dropout on embeddings and on every residual branch.
-        attention_dropout (`float`, defaults to 0.1):
-            Dropout on the (granularity-adjusted) attention probabilities of eq. 9.
+        dropout, attention_dropout (`float`, defaults to 0.1):
+            Dropout on embeddings and every residual branch; on the (granularity-adjusted) attention of eq. 9.
         activation_dropout (`float`, *optional*):
-            Dropout after the feed-forward non-linearity; `None` (the default): `dropout`. BERT has none there:
-            `cdnpg.convert.from_bert` sets 0, `from_bart` BART's own value.
+            Dropout after the feed-forward non-linearity; `None` (the default): `dropout` (BERT's is 0).
         granularity_mask (`str`, defaults to `"resonance"`):
-            Which granularity mask adjusts encoder and decoder self-attention (eq. 9 and the ablation of Table 4):
-            `"resonance"` (C, eq. 6; the paper's C-DNPG (R)), `"scope"` (S, eq. 8), `"product"` (C ⊙ S),
-            `"mean"` ((C + S) / 2) or `"none"` (a plain Transformer, the paper's baseline: no granularity heads).
+            Which mask adjusts encoder and decoder self-attention (eq. 9; Table 4's ablation): `"resonance"` (C, eq. 6;
+            the paper's C-DNPG (R)), `"scope"` (S, eq. 8), `"product"` (C ⊙ S), `"mean"` ((C + S) / 2) or `"none"` (a
+            plain Transformer, the paper's baseline: no granularity heads).
         granularity_mask_mode (`str`, defaults to `"log_bias"`):
-            How the mask adjusts attention (eq. 9): `"log_bias"` adds `log(max(mask, 1e-32))` to the logits (multiplies
-            and renormalises, as the released code does); `"multiply"` multiplies the softmax output (the literal eq. 9,
-            rows no longer sum to 1) on the eager attention path.
+            How the mask adjusts attention (eq. 9): `"log_bias"` adds log(max(M, 1e-32)) to the logits (the released
+            code's renormalised product); `"multiply"` multiplies the softmax output (the literal eq. 9).
         scope_epsilon (`float`, defaults to 2.0):
             The window ε of the scope mask (eq. 7 and 8): a phrase-level token (z = 1) sees neighbours within ε.
         cross_attention_granularity (`bool`, defaults to `True`):
-            Whether cross-attention gets the resonance mask (eq. 6), z_i of the decoder queries and z_j of the encoder
-            states from its own granularity head, as in the released code (never the scope mask). Needs a GA mask.
+            Whether cross-attention gets the resonance mask (eq. 6), as in the released code. Needs a GA mask.
         compile_granularity_masks (`bool`, *optional*):
-            Run the granularity mask of eqs. 4-9 (and the copy mechanism's formulas) compiled alone by `torch.compile`
-            (`granularity_kernels.py`; the model stays eager): one generated kernel forward and about one backward
-            per attention module instead of one per operation, which sets a GPU's step time (docs/speed.md). `None`
-            (the default): on CUDA, not on a CPU (arithmetic-bound, where inductor's C++ compile adds minutes);
-            `True`/`False` force it. Each mask kind, dtype and grad mode compiles once per process; lengths do not
-            recompile; where compiling fails the masks run eagerly after one warning. Same values and gradients.
+            Run the granularity mask of eqs. 4-9 and the copy formulas compiled alone by `torch.compile` (same values
+            and gradients, fewer kernels); `None` (the default): on CUDA only. Falls back to eager after one warning.
         lm_head_transform (`bool`, defaults to `False`):
-            Put BERT's masked-LM prediction head before the (tied) output projection: dense d_model -> d_model,
-            `activation_function`, LayerNorm, and a vocabulary bias. Not in the paper; a warm start from a BERT-family
-            encoder learns markedly faster with it, as in transformers' bert2bert (docs/warm_start.md): `from_bert`.
+            BERT's masked-LM prediction head (dense, activation, LayerNorm, vocabulary bias) before the tied output
+            projection; not in the paper, it speeds up a warm start from BERT.
         copy_mechanism (`str`, *optional*):
-            A pointer over the source tokens mixed with the vocabulary distribution, P(y) = (1 - ρ) P_gen(y) +
-            ρ P_copy(y) (the paper's Transformer+Copy baseline of Table 2; DNPG's eq. 8; See et al. 2017):
-            `"learned"` (ρ from the decoder state and the copy context) or `"granularity"` (the copy attention
-            weighted by the source tokens' z, ρ = z of the decoder position, both from the last cross-attention's
-            granularity head: details are copied, templates generated). `None` (the default): no copying.
+            A pointer over the source tokens, P(y) = (1 - ρ) P_gen(y) + ρ P_copy(y) (the Transformer+Copy baseline of
+            Table 2; See et al. 2017): `"learned"` (ρ from the decoder state and the copy context) or `"granularity"`
+            (copy attention weighted by the source's z, ρ = z of the decoder position). `None` (the default): none.
         copy_excluded_token_ids (`list[int]`, *optional*):
-            Token ids the copy never points at: the training text's most frequent tokens (template words, special
-            tokens), leaving the pointer to the details, as Gulcehre et al. (2016) point at rare words only.
+            Token ids the copy never points at (frequent template words, special tokens).
         initializer_range (`float`, defaults to 0.02):
             Standard deviation of the normal initialisation of all weight matrices and embeddings.
         use_cache (`bool`, defaults to `True`):
@@ -109,8 +82,6 @@ class CDNPGConfig(PretrainedConfig):
             One embedding matrix for the encoder's input, the decoder's input and the LM head (Section 4.2).
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, default 0, 101, 102, 101):
             bert-base-uncased's [PAD], [CLS], [SEP] and [CLS]: decoding starts at [CLS] and ends at [SEP].
-        custom_pipelines (`dict`, defaults to the text2text-generation pipeline of `pipeline_cdnpg.py`):
-            Read by `transformers.pipeline`; saved with every checkpoint.
     """
 
     model_type = "cdnpg"
@@ -196,9 +167,8 @@ class CDNPGConfig(PretrainedConfig):
             value = getattr(self, name)
             if (type(value), value) not in {(type(choice), choice) for choice in allowed}:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        if self.copy_mechanism == "granularity" and (
-            self.granularity_mask == "none" or not self.cross_attention_granularity
-        ):
+        cross_heads = self.granularity_mask != "none" and self.cross_attention_granularity
+        if self.copy_mechanism == "granularity" and not cross_heads:
             raise ValueError(
                 "copy_mechanism='granularity' reads z of the last decoder layer's cross-attention, which needs "
                 f"granularity heads there: granularity_mask={self.granularity_mask!r} and cross_attention_granularity="
@@ -206,13 +176,9 @@ class CDNPGConfig(PretrainedConfig):
             )
         if self.copy_excluded_token_ids is not None:
             if self.copy_mechanism is None:
-                raise ValueError(
-                    "copy_excluded_token_ids is set but copy_mechanism is None: there is no copy to limit"
-                )
-            outside = [
-                i for i in self.copy_excluded_token_ids if not (isinstance(i, int) and 0 <= i < self.vocab_size)
-            ]
-            if outside:
+                raise ValueError("copy_excluded_token_ids is set but copy_mechanism is None: no copy to limit")
+            ids = self.copy_excluded_token_ids
+            if outside := [i for i in ids if not (isinstance(i, int) and 0 <= i < self.vocab_size)]:
                 raise ValueError(
                     f"copy_excluded_token_ids must be token ids in [0, vocab_size={self.vocab_size}), got {outside[:5]}"
                 )

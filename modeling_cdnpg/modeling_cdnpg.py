@@ -7,29 +7,22 @@ A post-LayerNorm Transformer encoder-decoder (eqs. 3 and 10) whose attentions ar
     S_ij   = max(0, min(1, (N - eps)^(1 - z_i) + eps - |i - j|))                eq. 8, scope mask
     Ã      = A ⊙ M,   M ∈ {C, S, C ⊙ S, (C + S) / 2}                           eq. 9
 
-z ≈ 1 marks phrase-level detail, z ≈ 0 sentence-level template. Encoder and decoder self-attention get the mask named
-by `config.granularity_mask`; cross-attention gets the resonance mask between decoder queries and encoder keys
-(`config.cross_attention_granularity`), as in the authors' released code.
+z ≈ 1 marks phrase-level detail, z ≈ 0 sentence-level template. Self-attention gets `config.granularity_mask`;
+cross-attention the resonance mask (`config.cross_attention_granularity`), as in the authors' released code.
 
 Deliberate differences from the released code, each covered by a test:
 - N in eq. 8 is the number of keys query i can see: each sentence's own length in the encoder (padding and batch
   composition never change an output), i + 1 in the decoder (so cached decoding equals a full forward).
 - (N - eps) is clamped at 0 before the power: eq. 8 is undefined for N < eps, where every key lies inside the window.
 - Masks are computed in fp32 and enter attention as the finite bias log(max(M, 1e-32)) ("log_bias" mode, the released
-  code's renormalised product), so that any attention backend that takes an additive mask runs GA-attention (eager,
-  SDPA, flex attention, through transformers' attention interface). The literal eq. 9 ("multiply" mode) runs eager.
-- Decoding is incremental with transformers' caches (dynamic or static): keys and values keep the standard layout,
-  and the granularity logits W_G h of the cached decoder tokens and of the encoder states (the cross-attention keys,
-  computed at the first step) are kept beside them in a `GranularityCache`.
-- A keyword argument the model does not use is an error (`refuse_unused`), never dropped: a renamed argument of a
-  later transformers fails loudly instead of decoding without it.
+  code's renormalised product), so every backend that takes an additive mask runs GA-attention (eager, SDPA, flex
+  attention). The literal eq. 9 ("multiply" mode) runs eager.
+- Decoding is incremental with transformers' caches; the granularity logits W_G h of the cached tokens are kept
+  beside keys and values (`GranularityCache`).
 
-The paper-named functions (`resonance_mask`, `scope_mask`, `granularity_mask`) are the specification, and
-`granularity_bias` turns them into attention's additive mask. Attention carries W_G h, the logit of z, and each mask
-applies eq. 4's sigmoid itself. `granularity_kernels.fast` runs the bias (and the copy mechanism's formulas) compiled
-on its own where `config.compile_granularity_masks` says (default: on CUDA): one generated kernel forward and about
-one backward instead of one per operation. A training step or a cached decoding step reads no tensor on the host (a
-sync on a GPU); only `token_type_ids`, when given, are checked for segment 1.
+The paper-named functions (`resonance_mask`, `scope_mask`, `granularity_mask`) are the specification;
+`granularity_bias` turns them into attention's additive mask, compiled alone where `config.compile_granularity_masks`
+says. A training or cached decoding step reads no tensor on the host (only `token_type_ids`, when given).
 
 Shape legend: b batch, h heads, i query positions, j key positions, d model width.
 Supported: transformers 4.57.x and 5.x. This file is copied into every saved checkpoint (remote code), so it imports
@@ -78,17 +71,13 @@ PARAPHRASE_ARGUMENTS = frozenset(
 )
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# transformers version shims: each names the version it is for; delete it with that version's support
-# ------------------------------------------------------------------------------------------------------------------
+# --- transformers version shims: each names the version it is for; delete it with that version's support ---
 
-# 5.24 renamed the cache argument and output field `past_key_values` to `cache` (the old name works, with a
-# deprecation warning, until 5.40); 4.57 knows only `past_key_values`. The model returns the cache under the name of
-# the version it runs on, and takes it under either (`takes_cache_by_either_name`).
+# 5.24 renamed the cache argument and output field `past_key_values` to `cache` (the old name is deprecated until
+# 5.40); 4.57 knows only `past_key_values`. The model returns the cache under its version's name, and takes either.
 CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
-# What transformers passes to a model's forward beyond its named arguments, which C-DNPG reads elsewhere or has no
-# use for: the output flags (all versions; `CDNPGStack.output_flags`), 4.57 generate()'s `cache_position` (positions
-# come from the cache) and 5.24 generate()'s `tokenizer` (given to generate() for stop strings).
+# What transformers passes every model's forward and C-DNPG reads elsewhere or not at all: the output flags (all
+# versions), 4.57 generate()'s `cache_position` (positions come from the cache), 5.24 generate()'s `tokenizer`.
 PASSED_TO_EVERY_MODEL = frozenset({"output_attentions", "output_hidden_states", "cache_position", "tokenizer"})
 
 
@@ -130,29 +119,33 @@ class Transformers457Methods:
             self.encoder.embed_tokens = self.decoder.embed_tokens = self.shared
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The paper's concepts: granularity head (eq. 4), resonance mask (eq. 6), scope mask (eq. 8), their combination (eq. 9)
-# ------------------------------------------------------------------------------------------------------------------
+# --- end of the version shims ---
+
+
+def forward_with_cache(forward: Callable) -> Callable:
+    """A forward that takes and returns the cache: under either name (`takes_cache_by_either_name`), and as a tuple
+    where `return_dict=False` (transformers' `can_return_tuple`)."""
+    return can_return_tuple(takes_cache_by_either_name(forward))
+
+
+# --- The paper's concepts: granularity head (eq. 4), resonance (eq. 6) and scope (eq. 8) masks, eq. 9's M ---
 
 
 def upcast(tensor: torch.Tensor) -> torch.Tensor:
-    """At least float32: the masks and probabilities built from z stay exact under bf16/fp16, and a float64 model
-    stays float64 throughout."""
+    """At least float32: masks and probabilities built from z stay exact under bf16/fp16 (float64 stays float64)."""
     return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
 class GranularityHead(nn.Module):
-    """Eq. 4's projection: the granularity logit W_G h (b, t), one scalar per token, whose sigmoid is z; z ≈ 1 marks
-    phrase-level detail, z ≈ 0 sentence-level template. Attention carries and caches this logit, and each mask applies
-    the sigmoid itself (`granularity_bias`), so that a compiled mask runs it inside its own kernel."""
+    """Eq. 4's projection: the granularity logit W_G h (b, t), one scalar per token, whose sigmoid is z. Attention
+    carries and caches this logit; each mask applies the sigmoid itself, inside its own compiled kernel."""
 
     def __init__(self, d_model: int):
         super().__init__()
         self.proj = nn.Linear(d_model, 1)  # W_G (with bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # at least fp32 so that the masks built from z stay exact under bf16/fp16 autocast; squeezed here, so that
-        # the logit is a tensor of its own, not a view (FSDP2 warns of a layer that returns a view)
+        # squeezed here: a tensor of its own, not a view (FSDP2 warns of a layer that returns a view)
         return upcast(self.proj(hidden_states)).squeeze(-1)  # (b, t)
 
 
@@ -170,9 +163,8 @@ def scope_mask(z_i: torch.Tensor, length: torch.Tensor, distance: torch.Tensor, 
     token (z_i = 1) only its neighbours within epsilon.
 
     Elementwise: z_i and N (the number of keys query i can see) (b, i, 1), distance |i - j| (i, j) -> S (b, i, j).
-    (N - eps) is clamped at the smallest positive float: eq. 8 is undefined for N < eps (every key then lies within
-    eps anyway), and the clamp keeps the power's gradient finite.
-    """
+    (N - eps) is clamped at the smallest positive float: eq. 8 is undefined for N < eps, and the power's gradient
+    stays finite."""
     width = (length - epsilon).clamp(min=torch.finfo(torch.float32).tiny).pow(1 - z_i) + epsilon
     return (width - distance).clamp(min=0, max=1)
 
@@ -195,48 +187,14 @@ def granularity_mask(
     return resonance * scope if kind == "product" else (resonance + scope) / 2
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Attention: which keys each query sees, the additive mask, and the attention function
-# ------------------------------------------------------------------------------------------------------------------
-
-
-def visible_keys(
-    key_padding: torch.Tensor | None, query_positions: torch.Tensor, causal: bool, key_count: int
-) -> torch.Tensor:
-    """N of eq. 8 (b or 1, i) float: the number of keys query i sees, the real keys (key_padding (b, j) True; None:
-    every key is real) at positions up to its own (`causal`) or at any of the `key_count`."""
-    last = query_positions if causal else torch.full_like(query_positions, key_count - 1)
-    if key_padding is None:  # the keys at positions 0 .. last
-        return (last + 1).float()[None]
-    visible_so_far = key_padding.long().cumsum(-1)  # (b, j): real keys at positions <= j
-    return visible_so_far[:, last].float()
-
-
-def blocked_keys(
-    key_padding: torch.Tensor | None, query_positions: torch.Tensor, causal: bool, key_count: int
-) -> torch.Tensor | None:
-    """(b or 1, 1, i or 1, j) bool, True where a query may not see a key: padding (`key_padding` (b, j) True for real
-    tokens; None: none is padding) and, when `causal`, keys after the query's position; None where every key is
-    visible."""
-    blocked = ~key_padding[:, None, None, :] if key_padding is not None else None  # (b, 1, 1, j)
-    if causal:
-        key_positions = torch.arange(key_count, device=query_positions.device)
-        future = (key_positions > query_positions[:, None])[None, None]  # (1, 1, i, j)
-        blocked = future if blocked is None else blocked | future  # (b, 1, i, j)
-    return blocked
-
-
-def key_distance(query_positions: torch.Tensor, key_count: int) -> torch.Tensor:
-    """|i - j| (i, j) float of eq. 8, between the queries' positions and those of the keys, 0 .. key_count - 1."""
-    return (query_positions[:, None] - torch.arange(key_count, device=query_positions.device)).abs().float()
+# --- Attention: which keys each query sees, the additive mask, and the attention function ---
 
 
 @dataclass
 class AttentionLayout:
     """Which keys each query may see, built once per stack and passed to its layers: key_padding (b, j) True for real
-    keys, or None (no mask given: every key is real); query_positions (i,), where a cache writes new keys; key_count j
-    (a static cache's capacity); causal: query i sees keys at positions <= its own; takes_is_causal: only causality
-    blocks a key, and SDPA is told `is_causal` instead of given a mask."""
+    keys, or None (every key is real); query_positions (i,); key_count j (a static cache's capacity); causal: query i
+    sees keys at positions <= its own; takes_is_causal: SDPA is told `is_causal` instead of given a mask."""
 
     key_padding: torch.Tensor | None
     query_positions: torch.Tensor
@@ -247,20 +205,46 @@ class AttentionLayout:
 
     def padding_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
         """The additive mask of plain attention (b or 1, 1, i or 1, j): 0 where a key is visible, the dtype's minimum
-        where not; None where every key is visible or SDPA is told `is_causal`. The minimum (not -inf) keeps a fully
-        masked row finite: it attends uniformly instead of producing NaN. Built once per stack; without causality from
-        the padding itself, not from its negation (`blocked_keys`): a kernel fewer."""
+        (not -inf: a fully masked row stays finite) where not; None where every key is visible or SDPA is told
+        `is_causal`. Built once per stack."""
         if (self.key_padding is None and not self.causal) or self.takes_is_causal:
             return None
         if self.bias is None or self.bias.dtype != dtype:
             minimum, device = torch.finfo(dtype).min, self.query_positions.device
             if self.causal:
-                blocked = blocked_keys(self.key_padding, self.query_positions, True, self.key_count)
+                blocked = blocked_keys(self, self.key_count)
                 self.bias = torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, minimum)
             else:
                 visible = self.key_padding[:, None, None, :]
                 self.bias = torch.full(visible.shape, minimum, dtype=dtype, device=device).masked_fill_(visible, 0.0)
         return self.bias
+
+
+def visible_keys(layout: AttentionLayout, key_count: int) -> torch.Tensor:
+    """N of eq. 8 (b or 1, i) float: the number of keys query i sees, the real keys (`layout.key_padding`) at positions
+    up to its own (causal) or at any of the `key_count`."""
+    positions = layout.query_positions
+    last = positions if layout.causal else torch.full_like(positions, key_count - 1)
+    if layout.key_padding is None:  # the keys at positions 0 .. last
+        return (last + 1).float()[None]
+    visible_so_far = layout.key_padding.long().cumsum(-1)  # (b, j): real keys at positions <= j
+    return visible_so_far[:, last].float()
+
+
+def blocked_keys(layout: AttentionLayout, key_count: int) -> torch.Tensor | None:
+    """(b or 1, 1, i or 1, j) bool, True where a query may not see a key: padding and, when causal, keys after the
+    query's position; None where every key is visible."""
+    blocked = ~layout.key_padding[:, None, None, :] if layout.key_padding is not None else None  # (b, 1, 1, j)
+    if layout.causal:
+        key_positions = torch.arange(key_count, device=layout.query_positions.device)
+        future = (key_positions > layout.query_positions[:, None])[None, None]  # (1, 1, i, j)
+        blocked = future if blocked is None else blocked | future  # (b, 1, i, j)
+    return blocked
+
+
+def key_distance(query_positions: torch.Tensor, key_count: int) -> torch.Tensor:
+    """|i - j| (i, j) float of eq. 8, between the queries' positions and those of the keys, 0 .. key_count - 1."""
+    return (query_positions[:, None] - torch.arange(key_count, device=query_positions.device)).abs().float()
 
 
 def layout_granularity_mask(
@@ -271,9 +255,9 @@ def layout_granularity_mask(
     z_i, z_j = torch.sigmoid(logits_query)[:, :, None], torch.sigmoid(logits_key)[:, None, :]  # eq. 4
     length = distance = None
     if kind != "resonance":  # the resonance mask reads neither N nor |i - j|
-        key_padding, positions, key_count = layout.key_padding, layout.query_positions, logits_key.shape[-1]
-        length = visible_keys(key_padding, positions, layout.causal, key_count)[:, :, None].to(z_i.dtype)
-        distance = key_distance(positions, key_count).to(z_i.dtype)
+        key_count = logits_key.shape[-1]  # a tensor's size, not `layout.key_count`: compiled, lengths stay dynamic
+        length = visible_keys(layout, key_count)[:, :, None].to(z_i.dtype)
+        distance = key_distance(layout.query_positions, key_count).to(z_i.dtype)
     return granularity_mask(kind, z_i, z_j, length, distance, epsilon)
 
 
@@ -286,12 +270,11 @@ def granularity_bias(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """GA-attention's additive mask (b, 1, i, j) in `dtype`: log(max(M, 1e-32)) of `layout_granularity_mask` where a
-    key is visible, the dtype's minimum where it is blocked (`blocked_keys`). Everything it reads from the layout is
-    computed here from the padding (b, j) and the positions, so that compiled (`granularity_kernels.fast`) the whole
-    mask, eq. 4's sigmoid and the blocking are one generated kernel forward and about one backward."""
+    key is visible, the dtype's minimum where it is blocked (`blocked_keys`). It computes everything from the padding
+    (b, j) and the positions, so that compiled (`granularity_kernels.fast`) it is one kernel forward and one backward."""
     mask = layout_granularity_mask(kind, logits_query, logits_key, layout, epsilon)
     bias = mask.clamp(min=MASK_FLOOR).log()[:, None].to(dtype)
-    blocked = blocked_keys(layout.key_padding, layout.query_positions, layout.causal, logits_key.shape[-1])
+    blocked = blocked_keys(layout, logits_key.shape[-1])
     return bias if blocked is None else bias.masked_fill(blocked, torch.finfo(dtype).min)
 
 
@@ -304,9 +287,8 @@ def attention_bias(
     epsilon: float = 0.0,
     compiled: bool | None = False,
 ) -> torch.Tensor | None:
-    """The additive mask an attention module hands its attention function: the granularity bias of `kind`
-    (`granularity_bias`, compiled alone as `config.compile_granularity_masks` says: `granularity_kernels.fast`), or
-    for `kind="none"` the layout's padding bias alone."""
+    """The additive mask an attention module hands its attention function: `granularity_bias` of `kind` (compiled
+    alone as `config.compile_granularity_masks` says), or for `kind="none"` the layout's padding bias alone."""
     if kind == "none":
         return layout.padding_bias(dtype)
     bias = fast(granularity_bias, compiled, logits_query.device)
@@ -324,9 +306,8 @@ def eager_attention_forward(
     multiplier: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference attention with transformers' attention-function signature, and the only path for the literal eq. 9:
+    """Reference attention (transformers' attention-function signature), the only path for the literal eq. 9:
     `multiplier` (b, i, j) scales the softmax output without renormalising it.
-
     query (b, h, i, d), key/value (b, h, j, d), attention_mask (b, 1, i, j) -> output (b, i, h, d), weights (b, h, i, j).
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
@@ -350,9 +331,8 @@ def check_attention_backend(implementation: str) -> None:
 
 
 def attention_function(implementation: str, head_dim: int, device: torch.device) -> Callable:
-    """The backend `implementation` names, from transformers' registry (so that `model.set_attn_implementation`
-    switches it at run time); SDPA on heads aligned for its fused kernels (`attention_with_aligned_heads`), and flex
-    attention reading the mask as `granularity_kernels.flex_attention_forward` does."""
+    """The backend `implementation` names, from transformers' registry (`model.set_attn_implementation` switches it
+    at run time); SDPA on heads aligned for its fused kernels, flex attention as `granularity_kernels` runs it."""
     check_attention_backend(implementation)
     if implementation in ("eager", "flex_attention"):
         return eager_attention_forward if implementation == "eager" else flex_attention_forward
@@ -360,20 +340,16 @@ def attention_function(implementation: str, head_dim: int, device: torch.device)
     return attention_with_aligned_heads(attention, head_dim, device) if implementation == "sdpa" else attention
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The cache: transformers' key/value layout, plus the granularity logits of every cached token
-# ------------------------------------------------------------------------------------------------------------------
+# --- The cache: transformers' key/value layout, plus the granularity logits of every cached token ---
 
 
 class GranularityCache(EncoderDecoderCache):
     """An `EncoderDecoderCache` that also keeps the granularity logits W_G h (eq. 4) of every cached decoder token
-    (the masks of a new query read z of all the keys it sees) and of the encoder states (computed at the first step).
+    and of the encoder states (computed at the first step): the masks of a new query read z of all the keys it sees.
 
-    Keys and values stay in transformers' layout, (b, h, t, d_head). The logits live in two more caches of the kinds
-    of the self- and cross-attention caches (dynamic, or static of the same lengths), as keys (b, 1, t, 1) beside
-    empty values (b, 1, t, 0), and follow whatever generation does to the cache (reorder beams, crop, reset, select or
-    repeat batch rows). The model wraps any `EncoderDecoderCache` it is given (e.g. the static cache of
-    `generate(cache_implementation="static")`) at the first decoding step.
+    Keys and values keep transformers' layout (b, h, t, d_head). The logits live in two more caches of the same kinds
+    (dynamic, or static of the same lengths) as keys (b, 1, t, 1) beside empty values, and follow whatever generation
+    does to the cache. The model wraps any empty `EncoderDecoderCache` it is given (e.g. a static one).
     """
 
     def __init__(
@@ -389,8 +365,7 @@ class GranularityCache(EncoderDecoderCache):
 
     @classmethod
     def wrap(cls, cache: EncoderDecoderCache) -> "GranularityCache":
-        """The same sub-caches plus empty logit caches of their kind; a cache that already holds decoder tokens
-        (without their logits) cannot be continued."""
+        """The same sub-caches plus empty logit caches of their kind; one that holds tokens cannot be continued."""
         if cache.get_seq_length() > 0 or any(cache.is_updated.values()):
             raise ValueError(
                 f"{CACHE_NAME} holds decoder tokens or encoder keys but not their granularity z (eq. 4), which "
@@ -410,50 +385,40 @@ class GranularityCache(EncoderDecoderCache):
 
     @staticmethod
     def store(cache: Cache, logits: torch.Tensor, layer_idx: int, cache_kwargs: dict | None) -> torch.Tensor:
-        """Write logits (b, i) into layer `layer_idx` of `cache` as the key of one head of width 1; return what the
-        layer holds (b, j). A static layer of transformers 4.57 sizes its values as its keys, so it keeps them twice."""
+        """Write logits (b, i) into layer `layer_idx` of `cache` (`granularity_logits_cache` or the cross one) as the
+        key of one head of width 1; return what the layer holds (b, j). A static layer of transformers 4.57 sizes its
+        values as its keys, so it keeps them twice."""
         logits = logits[:, None, :, None]
         static = layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], StaticLayer)
         kept, _ = cache.update(logits, logits if static else logits[..., :0], layer_idx, cache_kwargs)
         return kept[:, 0, :, 0]
 
-    def update_granularity_logits(self, logits: torch.Tensor, layer_idx: int, cache_kwargs: dict) -> torch.Tensor:
-        """Store the logits (b, i) of new decoder tokens of self-attention layer `layer_idx`; return those of all its
-        keys (b, j)."""
-        return self.store(self.granularity_logits_cache, logits, layer_idx, cache_kwargs)
-
-    def update_cross_granularity_logits(self, logits: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        """Store the logits (b, j) of the encoder states as cross-attention layer `layer_idx` sees them."""
-        return self.store(self.cross_granularity_logits_cache, logits, layer_idx, None)
-
     def cross_granularity_logits(self, layer_idx: int) -> torch.Tensor:
-        """The logits (b, j) of the encoder states stored by `update_cross_granularity_logits`."""
+        """The logits (b, j) of the encoder states that cross-attention layer `layer_idx` stored."""
         return self.cross_granularity_logits_cache.layers[layer_idx].keys[:, 0, :, 0]
 
+    def follow(self, method: str, *args, cross: bool = True) -> None:
+        """Apply `EncoderDecoderCache.<method>` to keys and values and to the logit caches (the cross one with
+        `cross`): what generation does to the cache, it does to the logits."""
+        getattr(super(), method)(*args)
+        for cache in (self.granularity_logits_cache, self.cross_granularity_logits_cache)[: 1 + cross]:
+            getattr(cache, method)(*args)
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        super().reorder_cache(beam_idx)
-        self.granularity_logits_cache.reorder_cache(beam_idx)
-        self.cross_granularity_logits_cache.reorder_cache(beam_idx)
+        self.follow("reorder_cache", beam_idx)
 
     def reset(self) -> None:
-        super().reset()
-        self.granularity_logits_cache.reset()
-        self.cross_granularity_logits_cache.reset()
+        self.follow("reset")
 
     def crop(self, length: int) -> None:
         """`length` as transformers reads it: 5.x removes -length tokens, 4.57 keeps the first `length`."""
-        super().crop(length)
-        self.granularity_logits_cache.crop(length)
+        self.follow("crop", length, cross=False)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
-        self.granularity_logits_cache.batch_repeat_interleave(repeats)
-        self.cross_granularity_logits_cache.batch_repeat_interleave(repeats)
+        self.follow("batch_repeat_interleave", repeats)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        self.granularity_logits_cache.batch_select_indices(indices)
-        self.cross_granularity_logits_cache.batch_select_indices(indices)
+        self.follow("batch_select_indices", indices)
 
 
 def cache_capacity(cache: EncoderDecoderCache) -> int | None:
@@ -462,9 +427,7 @@ def cache_capacity(cache: EncoderDecoderCache) -> int | None:
     return getattr(layers[0], "max_cache_len", None) if layers else None
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Transformer blocks
-# ------------------------------------------------------------------------------------------------------------------
+# --- Transformer blocks ---
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -476,9 +439,8 @@ def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start
 
 
 class CDNPGAttention(nn.Module):
-    """Multi-head attention with a granularity mask (GA-attention, eqs. 4-9): BART's attention, whose additive mask
-    carries log M (`attention_bias`). `mask_kind` is fixed by the config at construction: "none" builds no
-    granularity head and is plain attention."""
+    """GA-attention (eqs. 4-9): BART's attention, whose additive mask carries log M (`attention_bias`). `mask_kind`
+    "none" builds no granularity head and is plain attention."""
 
     def __init__(self, config: CDNPGConfig, num_heads: int, layer_idx: int, mask_kind: str, is_cross_attention=False):
         super().__init__()
@@ -504,8 +466,8 @@ class CDNPGAttention(nn.Module):
     def _encoder_keys_and_values(
         self, encoder_states: torch.Tensor, cache: EncoderDecoderCache | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Cross-attention keys, values and the granularity logits of the encoder states (None without a
-        granularity head): computed once, at the first decoding step, then read from the cache."""
+        """Cross-attention keys, values and granularity logits (or None) of the encoder states: computed once, at the
+        first decoding step, then read from the cache."""
         cross_cache = cache.cross_attention_cache if cache is not None else None
         has_head = self.granularity_head is not None
         if cross_cache is not None and cache.is_updated.get(self.layer_idx):
@@ -517,7 +479,7 @@ class CDNPGAttention(nn.Module):
         if cross_cache is not None:
             key_states, value_states = cross_cache.update(key_states, value_states, self.layer_idx)
             if has_head:
-                logits_key = cache.update_cross_granularity_logits(logits_key, self.layer_idx)
+                logits_key = cache.store(cache.cross_granularity_logits_cache, logits_key, self.layer_idx, None)
             cache.is_updated[self.layer_idx] = True
         return key_states, value_states, logits_key
 
@@ -530,8 +492,8 @@ class CDNPGAttention(nn.Module):
         output_attentions: bool = False,
         output_granularities: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """hidden_states (b, i, d) -> output (b, i, d), attention weights (b, h, i, j) or None, and where asked and
-        there is a granularity head z of the queries (b, i) (eq. 4), else None."""
+        """hidden_states (b, i, d) -> output (b, i, d), attention weights (b, h, i, j) or None, z of the queries (b, i)
+        (eq. 4) or None."""
         query_states = self._split_heads(self.q_proj(hidden_states))
         logits_query = self.granularity_head(hidden_states) if self.granularity_head is not None else None  # GA
 
@@ -547,7 +509,7 @@ class CDNPGAttention(nn.Module):
                     key_states, value_states, self.layer_idx, cache_kwargs
                 )
                 if logits_key is not None:
-                    logits_key = cache.update_granularity_logits(logits_key, self.layer_idx, cache_kwargs)
+                    logits_key = cache.store(cache.granularity_logits_cache, logits_key, self.layer_idx, cache_kwargs)
 
         implementation, extra = self.config._attn_implementation or "eager", {}
         kind, epsilon, compiled = self.mask_kind, self.config.scope_epsilon, self.config.compile_granularity_masks
@@ -576,8 +538,7 @@ class CDNPGAttention(nn.Module):
 
 
 class CDNPGLayer(GradientCheckpointingLayer):
-    """What the encoder and decoder layers share: post-LayerNorm sublayers, H = LN(H + Sublayer(H)), of which the
-    last is the feed-forward network."""
+    """Post-LayerNorm sublayers, H = LN(H + Sublayer(H)), the last of which is the feed-forward network."""
 
     def add_feed_forward(self, config: CDNPGConfig, ffn_dim: int) -> None:
         """The feed-forward sublayer, added after the attention sublayers (modules are registered in that order)."""
@@ -603,16 +564,10 @@ class CDNPGEncoderLayer(CDNPGLayer):
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.add_feed_forward(config, config.encoder_ffn_dim)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        layout: AttentionLayout,
-        output_attentions: bool = False,
-        output_granularities: bool = True,
-    ):
-        attn_output, attn_weights, z = self.self_attn(
-            hidden_states, layout, output_attentions=output_attentions, output_granularities=output_granularities
-        )
+    def forward(self, hidden_states: torch.Tensor, layout: AttentionLayout, **outputs: bool):
+        """hidden_states (b, s, d) -> hidden_states, attention weights or None, z (b, s) or None (`outputs`: the
+        attention's `output_attentions`, `output_granularities`)."""
+        attn_output, attn_weights, z = self.self_attn(hidden_states, layout, **outputs)
         hidden_states = self.self_attn_layer_norm(hidden_states + self.dropout(attn_output))
         return self.feed_forward(hidden_states), attn_weights, z
 
@@ -639,10 +594,8 @@ class CDNPGDecoderLayer(CDNPGLayer):
         self_layout: AttentionLayout,
         cross_layout: AttentionLayout,
         cache: GranularityCache | EncoderDecoderCache | None = None,
-        output_attentions: bool = False,
-        output_granularities: bool = True,
+        **outputs: bool,
     ):
-        outputs = {"output_attentions": output_attentions, "output_granularities": output_granularities}
         attn_output, self_weights, self_z = self.self_attn(hidden_states, self_layout, cache=cache, **outputs)
         hidden_states = self.self_attn_layer_norm(hidden_states + self.dropout(attn_output))
         attn_output, cross_weights, cross_z = self.encoder_attn(
@@ -652,9 +605,7 @@ class CDNPGDecoderLayer(CDNPGLayer):
         return self.feed_forward(hidden_states), self_weights, cross_weights, self_z, cross_z
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Outputs: the standard ones plus z of every layer (the paper's Figure 2)
-# ------------------------------------------------------------------------------------------------------------------
+# --- Outputs: the standard ones plus z of every layer (the paper's Figure 2) ---
 
 
 @dataclass
@@ -694,7 +645,8 @@ class CDNPGSeq2SeqLMOutput(Seq2SeqLMOutput):
 
 
 class CDNPGModelKwargs(TransformersKwargs, total=False):
-    """The arguments of `CDNPGModel.forward` that `CDNPGForConditionalGeneration.forward` passes on as given."""
+    """The arguments of `CDNPGModel.forward` that `CDNPGForConditionalGeneration.forward` passes on as given
+    (transformers reads the output flags it may pass from this TypedDict)."""
 
     decoder_input_ids: torch.LongTensor | None
     decoder_attention_mask: torch.Tensor | None
@@ -705,9 +657,7 @@ class CDNPGModelKwargs(TransformersKwargs, total=False):
     output_granularities: bool | None
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Models
-# ------------------------------------------------------------------------------------------------------------------
+# --- Models ---
 
 
 class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
@@ -724,8 +674,8 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
     _can_compile_fullgraph = True
 
     def set_attn_implementation(self, attn_implementation: str | dict, *args, **kwargs) -> None:
-        """`PreTrainedModel.set_attn_implementation`, refusing backends that would drop the granularity term with
-        the reason (transformers' own refusal says only that they are not supported "yet")."""
+        """`PreTrainedModel.set_attn_implementation`, refusing with the reason backends that would drop the
+        granularity term."""
         for implementation in (
             attn_implementation.values() if isinstance(attn_implementation, dict) else [attn_implementation]
         ):
@@ -734,9 +684,8 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """`PreTrainedModel.from_pretrained`; a truncated or corrupt weights file is reported by name. It stays in the
-        remote code because every loader of a checkpoint passes here (Auto classes, pipeline, CLI), and transformers'
-        own SafetensorError names no file."""
+        """`PreTrainedModel.from_pretrained`, naming a truncated or corrupt weights file (every loader passes here;
+        transformers' own SafetensorError names no file)."""
         try:
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except SafetensorError as error:
@@ -745,17 +694,13 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
                 f"corrupt ({error}); save or download the checkpoint again."
             ) from error
 
-    # `_init_weights` is PreTrainedModel's: Normal(0, initializer_range) for every Linear (W_G included) and
-    # Embedding, zero biases and padding row, unit LayerNorms.
+    # `_init_weights` is PreTrainedModel's: Normal(0, initializer_range) weights, zero biases, unit LayerNorms.
 
 
 class CDNPGStack(CDNPGPreTrainedModel):
-    """What the encoder and the decoder share: token and learned position embeddings, then an optional LayerNorm;
-    its layers run in turn; the output flags a call leaves out are the config's.
-
-    The paper's model adds token and position embeddings (eq. 3); BART and BERT checkpoints also scale the tokens
-    and/or normalise the sum (`scale_embedding`, `layernorm_embedding`, `position_offset`).
-    """
+    """What the encoder and the decoder share: token plus learned position embeddings (eq. 3; BART and BERT
+    checkpoints also scale the tokens and/or normalise the sum: `scale_embedding`, `layernorm_embedding`,
+    `position_offset`), then the layers in turn; the output flags a call leaves out are the config's."""
 
     is_decoder = False  # the decoder's layers are causal, cached and cross-attend
 
@@ -788,9 +733,8 @@ class CDNPGStack(CDNPGPreTrainedModel):
         past_length: int | torch.Tensor = 0,
         capacity: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token (scaled when `scale_embedding`; `inputs_embeds` as given) plus position embeddings, and the positions
-        (`past_length` onwards). They are checked against the table from Python ints, never from a tensor (a host
-        sync on a GPU): a static cache's length is a tensor, and its `capacity` bounds every position it holds."""
+        """Token (scaled when `scale_embedding`) plus position embeddings (b, i, d), and the positions (i,) from
+        `past_length` on, checked against the table from Python ints (a static cache's `capacity`), never a tensor."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Pass exactly one of input_ids or inputs_embeds to the {type(self).__name__}.")
         if inputs_embeds is None:
@@ -814,16 +758,19 @@ class CDNPGStack(CDNPGPreTrainedModel):
             hidden_states = self.layernorm_embedding(hidden_states)
         return self.dropout(hidden_states), positions
 
-    def run_layers(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, tuple, tuple]:
-        """Every layer in turn (the other arguments are passed to each as given). Returns the last hidden states, the
-        input of every layer followed by the last hidden states, and what else the layers return (attention
-        weights, z), one tuple over the layers for each."""
+    def run_layers(
+        self, hidden_states: torch.Tensor, *args, output_hidden_states: bool, **kwargs
+    ) -> tuple[torch.Tensor, tuple | None, tuple]:
+        """Every layer in turn, the other arguments passed to each as given -> the last hidden states; with
+        `output_hidden_states` every layer's input and the last hidden states, else None; each further output of the
+        layers (attention weights, z) as a tuple over the layers, None where the layers return None."""
         all_hidden, per_layer = [hidden_states], []
         for layer in self.layers:
             hidden_states, *extras = layer(hidden_states, *args, **kwargs)
             all_hidden.append(hidden_states)
             per_layer.append(extras)
-        return hidden_states, tuple(all_hidden), tuple(zip(*per_layer))
+        extras = tuple(None if outputs[0] is None else outputs for outputs in zip(*per_layer))
+        return hidden_states, tuple(all_hidden) if output_hidden_states else None, extras
 
 
 class CDNPGEncoder(CDNPGStack):
@@ -840,15 +787,13 @@ class CDNPGEncoder(CDNPGStack):
         token_type_ids: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-    ) -> CDNPGEncoderOutput:
-        r"""
+    ) -> tuple | CDNPGEncoderOutput:
+        """The encoder states (b, s, d) of the source (b, s); no **kwargs, which would make `generate()` pass every
+        model kwarg (`labels` too).
+
         token_type_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): accepted because
             BERT tokenizers return them; all 0 (C-DNPG has no segment embeddings: one sentence per input).
         output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer.
-        output_attentions, output_hidden_states (`bool`, *optional*): default: the config's.
-
-        No **kwargs: `generate()` hands an encoder that takes them every model kwarg (the Seq2SeqTrainer's `labels`
-        too), and one that does not only those it names.
         """
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if token_type_ids is not None and bool(token_type_ids.any()):
@@ -860,17 +805,15 @@ class CDNPGEncoder(CDNPGStack):
         # N of eq. 8 is each sentence's own number of real tokens: batch composition never changes an output
         key_padding = attention_mask.bool() if attention_mask is not None else None  # no mask: SDPA gets none
         layout = AttentionLayout(key_padding, positions, hidden_states.shape[1], causal=False)
-
         hidden_states, all_hidden, (attentions, z) = self.run_layers(
-            hidden_states, layout, output_attentions=output_attentions, output_granularities=bool(output_granularities)
+            hidden_states,
+            layout,
+            output_attentions=output_attentions,
+            output_granularities=bool(output_granularities),
+            output_hidden_states=output_hidden_states,
         )
-        return CDNPGEncoderOutput(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden if output_hidden_states else None,
-            attentions=attentions if output_attentions else None,
-            granularities=z if output_granularities and z[0] is not None else None,
-            source_ids=input_ids if self.config.copy_mechanism is not None else None,
-        )
+        source_ids = input_ids if self.config.copy_mechanism is not None else None
+        return CDNPGEncoderOutput(hidden_states, all_hidden, attentions, granularities=z, source_ids=source_ids)
 
 
 class CDNPGDecoder(CDNPGStack):
@@ -878,8 +821,7 @@ class CDNPGDecoder(CDNPGStack):
 
     is_decoder = True
 
-    @can_return_tuple
-    @takes_cache_by_either_name
+    @forward_with_cache
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -893,14 +835,12 @@ class CDNPGDecoder(CDNPGStack):
         output_granularities: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-    ) -> CDNPGDecoderOutput:
+    ) -> tuple | CDNPGDecoderOutput:
         r"""
         attention_mask (`torch.Tensor` of shape `(batch_size, target_length)`, *optional*): 1 for real decoder
             tokens, covering the cached and the new positions.
-        cache (`EncoderDecoderCache`, *optional*): a cache to extend (also taken as `past_key_values`, its name before
-            transformers 5.24); an empty transformers cache (dynamic or static) is wrapped into a `GranularityCache`,
-            which the output returns.
-        output_attentions, output_hidden_states (`bool`, *optional*): default: the config's.
+        cache (`EncoderDecoderCache`, *optional*): a cache to extend (also taken as `past_key_values`); an empty
+            transformers cache (dynamic or static) is wrapped into a `GranularityCache`, which the output returns.
         """
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if self.gradient_checkpointing and self.training:
@@ -909,8 +849,7 @@ class CDNPGDecoder(CDNPGStack):
             cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise TypeError(
-                f"{CACHE_NAME} must be an EncoderDecoderCache, got {type(cache).__name__}; "
-                "legacy tuple caches are not supported."
+                f"{CACHE_NAME} must be an EncoderDecoderCache (not a legacy tuple), got {type(cache).__name__}"
             )
         if cache is not None and self.config.granularity_mask != "none" and not isinstance(cache, GranularityCache):
             cache = GranularityCache.wrap(cache)
@@ -936,13 +875,10 @@ class CDNPGDecoder(CDNPGStack):
                     f"holds at most {capacity} and {num_queries} are new."
                 )
             key_padding = F.pad(attention_mask.bool(), (0, key_length - attention_mask.shape[-1]), value=True)
-        # N of eq. 8 for query i is what query i can see, i + 1: cached decoding equals a full forward. Plain
-        # attention on SDPA (not the reference path of the weights) over nothing but the new tokens takes `is_causal`
+        # N of eq. 8 for query i is i + 1 (as cached); plain SDPA over new tokens alone takes `is_causal`
         sdpa = self.config._attn_implementation == "sdpa" and self.config.granularity_mask == "none"
-        plain_causal = sdpa and not output_attentions and key_padding is None and capacity is None and past_length == 0
-        self_layout = AttentionLayout(
-            key_padding, query_positions, key_length, causal=True, takes_is_causal=plain_causal
-        )
+        is_causal = sdpa and not output_attentions and key_padding is None and capacity is None and past_length == 0
+        self_layout = AttentionLayout(key_padding, query_positions, key_length, causal=True, takes_is_causal=is_causal)
         source_padding = encoder_attention_mask.bool() if encoder_attention_mask is not None else None
         cross_layout = AttentionLayout(source_padding, query_positions, encoder_hidden_states.shape[1], causal=False)
 
@@ -954,15 +890,16 @@ class CDNPGDecoder(CDNPGStack):
             cache=cache,
             output_attentions=output_attentions,
             output_granularities=bool(output_granularities),
+            output_hidden_states=output_hidden_states,
         )
         return CDNPGDecoderOutput(
             last_hidden_state=hidden_states,
             **{CACHE_NAME: cache if use_cache else None},
-            hidden_states=all_hidden if output_hidden_states else None,
-            attentions=self_attentions if output_attentions else None,
-            cross_attentions=cross_attentions if output_attentions else None,
-            granularities=self_z if output_granularities and self_z[0] is not None else None,
-            cross_granularities=cross_z if output_granularities and cross_z[0] is not None else None,
+            hidden_states=all_hidden,
+            attentions=self_attentions,
+            cross_attentions=cross_attentions,
+            granularities=self_z,
+            cross_granularities=cross_z,
         )
 
 
@@ -987,8 +924,7 @@ class CDNPGModel(CDNPGPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
 
-    @can_return_tuple
-    @takes_cache_by_either_name
+    @forward_with_cache
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1003,14 +939,14 @@ class CDNPGModel(CDNPGPreTrainedModel):
         use_cache: bool | None = None,
         output_granularities: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> CDNPGModelOutput:
-        r"""
+    ) -> tuple | CDNPGModelOutput:
+        """The decoder states (b, t, d) given the source (or its `encoder_outputs`) and the decoder inputs.
+
         cache (`EncoderDecoderCache`, *optional*): see `CDNPGDecoder.forward` (also taken as `past_key_values`).
         token_type_ids: see `CDNPGEncoder.forward`; ignored when `encoder_outputs` are given.
         output_granularities (`bool`, *optional*): return z (eq. 4) of every layer, e.g. to draw the paper's Figure 2.
-        kwargs: transformers' `output_attentions` and `output_hidden_states`, passed to both stacks, and what
-            `generate()` passes every model and C-DNPG has no use for (`PASSED_TO_EVERY_MODEL`); any other is refused
-            (`refuse_unused`).
+        kwargs: `output_attentions` and `output_hidden_states` (passed to both stacks), and what transformers passes
+            every model (`PASSED_TO_EVERY_MODEL`); any other is refused (`refuse_unused`).
         """
         refuse_unused(kwargs, "CDNPGModel.forward")
         flags = {name: kwargs.get(name) for name in ("output_attentions", "output_hidden_states")}
@@ -1123,9 +1059,8 @@ def copy_distribution(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj as log-probabilities (b, i, V) in at least float32,
     given the vocabulary logits (b, i, V), α (`copy_attention`) and the gate (`copy_gate`; with `excluded`, ρ_t = 0
-    where nothing is copyable), and the summed negative log-likelihood of the labels (b, i; -100 left out) or None.
-    The loss is read at the labels alone, so that its backward pass is cross-entropy's: nothing flows back through
-    the (b, i, V) mixture unless the caller uses it."""
+    where nothing is copyable), and the summed NLL of the labels (b, i; -100 left out) or None, read at the labels
+    alone: its backward pass is cross-entropy's, nothing flows back through the (b, i, V) mixture."""
     log_rho, log_not_rho = copy_gate(gate, learned, copyable if excluded else None)
     log_p = upcast(logits).log_softmax(-1)  # log P_gen
 
@@ -1151,22 +1086,20 @@ def copy_distribution(
 
 class CopyMechanism(nn.Module):
     """A pointer over the source tokens mixed with the vocabulary distribution (the paper's Transformer+Copy row of
-    Table 2; DNPG's eq. 8; See et al. 2017): P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj, with α_t a
-    one-head attention of the decoder state over the encoder states. Returned as log-probabilities, which pass through
-    log_softmax unchanged, so the loss, label smoothing and every decoding mode read them as logits.
+    Table 2; DNPG's eq. 8; See et al. 2017): P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj, α_t a one-head
+    attention of the decoder state over the encoder states. Returned as log-probabilities, which log_softmax leaves
+    unchanged, so the loss and every decoding mode read them as logits.
 
-    Gates (`CDNPGConfig.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]) with c_t the copy context; `granularity`:
-    α re-weighted by the source tokens' z (details are copied) and ρ_t = z of the decoder position, both from the last
-    decoder layer's cross-attention granularity head. `copy_excluded_token_ids` are never pointed at (ρ_t = 0 where
-    the source holds nothing else). The formulas (`copy_attention`, `copy_distribution`) run compiled where the masks
-    do (`granularity_kernels.fast`): a few generated kernels instead of about 45 aten kernels each way.
+    Gates (`config.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]), c_t the copy context; `granularity`, α
+    weighted by the source tokens' z and ρ_t = z of the decoder position, from the last cross-attention's granularity
+    head. `copy_excluded_token_ids` are never pointed at. The formulas run compiled where the masks do (`fast`).
     """
 
     def __init__(self, config: CDNPGConfig):
         super().__init__()
         self.excluded_token_ids = tuple(config.copy_excluded_token_ids or ())
         self.excluded_ids_on = {}  # device -> excluded_token_ids as a tensor, built once (not per forward)
-        self.config = config  # read at each call: run.py sets compile_granularity_masks after construction
+        self.config = config  # read at each call: compile_granularity_masks may be set after construction
         self.scaling = config.d_model**-0.5
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
@@ -1183,14 +1116,13 @@ class CopyMechanism(nn.Module):
         z_target: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits (b, i, V) of the vocabulary, decoder states (b, i, d), encoder states (b, j, d), source ids and
-        mask (b, j), for the granularity gate the granularity logits W_G h of the source (b, j) and z of the decoder
-        positions (b, i), labels (b, i) -> log P(y_t) (b, i, V) and the summed NLL of the labels or None
-        (`copy_distribution`)."""
+        """logits (b, i, V), decoder states (b, i, d), encoder states (b, j, d), source ids and mask (b, j), for the
+        granularity gate the logits W_G h of the source (b, j) and z of the decoder positions (b, i), labels (b, i)
+        -> log P(y_t) (b, i, V) and the summed NLL of the labels or None (`copy_distribution`)."""
         copyable = source_mask.bool()
         if self.excluded_token_ids:
             excluded = self.excluded_ids_on.get(source_ids.device)
-            if excluded is None:  # a tensor from a Python tuple: once per device, not a host-to-device copy per call
+            if excluded is None:  # once per device, not a host-to-device copy per call
                 excluded = self.excluded_ids_on[source_ids.device] = source_ids.new_tensor(self.excluded_token_ids)
             copyable = copyable & ~torch.isin(source_ids, excluded)
         scores = self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)
@@ -1218,17 +1150,14 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         self.lm_head_transform = CDNPGPredictionHeadTransform(config) if config.lm_head_transform else None
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_transform)
         self.copy_mechanism = CopyMechanism(config) if config.copy_mechanism is not None else None
-        # labels are not shifted inside the model (the decoder inputs are): token t of `labels` is predicted at
-        # decoder position t, which is transformers' masked-LM loss, not its causal-LM one
+        # token t of `labels` is predicted at decoder position t (the decoder inputs are shifted, the labels not)
         self.loss_type = "ForMaskedLM"
         self.post_init()
-        # The paper's decoding (Section 4.2): beam 8 over sentences of at most 20 tokens. A checkpoint's own
-        # generation_config.json replaces these on from_pretrained.
+        # the paper's decoding (Section 4.2): beam 8, at most 20 tokens; a checkpoint's generation_config.json wins
         self.generation_config.num_beams = 8
         self.generation_config.max_new_tokens = 20
 
-    @can_return_tuple
-    @takes_cache_by_either_name
+    @forward_with_cache
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1240,17 +1169,17 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs: Unpack[CDNPGModelKwargs],
-    ) -> CDNPGSeq2SeqLMOutput:
-        r"""
+    ) -> tuple | CDNPGSeq2SeqLMOutput:
+        """Logits (b, t, V) of the next token at each decoder position, and the loss given `labels`.
+
         encoder_outputs, inputs_embeds: see `CDNPGModel.forward` (named: `generate()` looks for them by name).
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`): target ids, -100 where ignored; the
             decoder inputs are derived from them when not given.
-        logits_to_keep (`int` or `torch.Tensor`): logits only for the last `logits_to_keep` decoder positions (0:
-            all), or for the given positions; generation asks for the last one.
+        logits_to_keep (`int` or `torch.Tensor`): logits for the last `logits_to_keep` positions (0: all) or for
+            the given ones.
         num_items_in_batch: the target tokens of the whole (accumulated, all-process) batch, as `Trainer` passes it:
-            the loss is the token sum divided by it, the mean token loss whatever the processes or accumulation.
-        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), passed on as given; everything
-            after `attention_mask` is keyword-only, so that no positional argument lands in the wrong place.
+            the loss is the token sum divided by it.
+        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), keyword-only, passed on as given.
         """
         if labels is not None:
             kwargs["use_cache"] = False
@@ -1269,11 +1198,10 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         )
         positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         decoder_states = outputs.last_hidden_state[:, positions]
-        hidden_states = decoder_states
-        if self.lm_head_transform is not None:
-            hidden_states = self.lm_head_transform(hidden_states)
-        logits = self.lm_head(hidden_states)
-        nll = None
+        hidden_states = (
+            self.lm_head_transform(decoder_states) if self.lm_head_transform is not None else decoder_states
+        )
+        logits, nll = self.lm_head(hidden_states), None
         if self.copy_mechanism is not None:
             source_ids = input_ids if input_ids is not None else getattr(encoder_outputs, "source_ids", None)
             logits, nll = self.copy(logits, decoder_states, outputs, source_ids, attention_mask, positions, labels)
@@ -1282,12 +1210,13 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         if labels is not None:
             if num_items_in_batch is None:  # the mean over real target tokens; 0, not NaN, when there are none
                 num_items_in_batch = (labels != -100).sum().clamp(min=1)
-            if nll is not None:  # the copy mechanism's, read at the labels: the NLL of the returned log-probabilities
-                loss = nll / num_items_in_batch
-            else:
-                loss = self.loss_function(
+            loss = (  # the copy mechanism's NLL is read at the labels from the returned log-probabilities
+                nll / num_items_in_batch
+                if nll is not None
+                else self.loss_function(
                     logits, labels.contiguous(), self.config.vocab_size, num_items_in_batch=num_items_in_batch
                 )
+            )
 
         # everything the bare model returns but its last hidden state, which the logits replace
         left_out = {"last_hidden_state"}
@@ -1298,30 +1227,26 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
 
     def copy(self, logits, decoder_states, outputs, source_ids, attention_mask, positions, labels=None):
         """The vocabulary logits mixed with the copy distribution (`CopyMechanism`), as log-probabilities, and the
-        summed NLL of the labels when given."""
+        summed NLL of the labels when given. The granularity gate reads the logits W_G h (b, j) of the source as the
+        last cross-attention sees them (from the cache once stored there) and z of its queries (b, i)."""
         if source_ids is None:
             raise ValueError(
                 "copy_mechanism: the copy distribution is put on the source token ids: pass input_ids, or "
                 "encoder_outputs as this model's encoder returns them (with source_ids), not a tuple or embeddings"
             )
-        encoder_states = outputs.encoder_last_hidden_state
+        encoder_states, cache = outputs.encoder_last_hidden_state, getattr(outputs, CACHE_NAME, None)
         mask = attention_mask if attention_mask is not None else torch.ones_like(source_ids)
         logits_source = z_target = None
         if self.config.copy_mechanism == "granularity":
-            logits_source = self.source_granularity_logits(encoder_states, getattr(outputs, CACHE_NAME, None))
-            z_target = outputs.cross_granularities[-1][:, positions]  # (b, i)
+            attention = self.model.decoder.layers[-1].encoder_attn
+            if isinstance(cache, GranularityCache) and cache.is_updated.get(attention.layer_idx):
+                logits_source = cache.cross_granularity_logits(attention.layer_idx)
+            else:
+                logits_source = attention.granularity_head(encoder_states)
+            z_target = outputs.cross_granularities[-1][:, positions]
         return self.copy_mechanism(
             logits, decoder_states, encoder_states, source_ids, mask, logits_source, z_target, labels=labels
         )
-
-    def source_granularity_logits(self, encoder_states: torch.Tensor, cache: Cache | None) -> torch.Tensor:
-        """The granularity logits W_G h (b, j) of the source tokens as the last decoder layer's cross-attention sees
-        them, whose z the granularity gate weighs the copy attention by: read from the cache, where that layer stored
-        them at the first decoding step, else computed by its head."""
-        attention = self.model.decoder.layers[-1].encoder_attn
-        if isinstance(cache, GranularityCache) and cache.is_updated.get(attention.layer_idx):
-            return cache.cross_granularity_logits(attention.layer_idx)
-        return attention.granularity_head(encoder_states)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by `DataCollatorForSeq2Seq` to build decoder inputs in the collator."""
@@ -1332,12 +1257,10 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         backend. C-DNPG builds its own additive mask (padding plus the granularity term) from the 2-D one: keep it."""
         return attention_mask
 
-    # --- granularity-aware paraphrasing lives in generation_cdnpg.py: granularity_processors() and paraphrase() ---
+    # granularity-aware paraphrasing lives in generation_cdnpg.py: granularity_processors() and paraphrase()
     def generate(self, *args, **kwargs):
-        """`GenerationMixin.generate`, unchanged. Only checked first: the arguments of granularity-aware
-        paraphrasing, which generate() does not take (transformers would refuse them as unused model kwargs, or
-        a calibrated generation config would swallow `novelty_z_layer` silently), and a number of sequences below
-        one, which failed deep in beam search."""
+        """`GenerationMixin.generate`, refusing first the arguments of granularity-aware paraphrasing (which
+        generate() does not take) with where they belong, and a number of sequences below one."""
         misplaced = sorted(PARAPHRASE_ARGUMENTS & set(kwargs))
         if misplaced:
             raise TypeError(
@@ -1350,8 +1273,6 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1):
             raise ValueError(f"num_return_sequences must be a positive integer (sequences per input), got {wanted!r}")
         return super().generate(*args, **kwargs)
-
-    # --- end of granularity-aware paraphrasing ---
 
 
 __all__ = [
