@@ -29,19 +29,17 @@ needs_a_compiler = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> dict:
     """One quick run of both parts, with the copy gates, at L 8 and then at L 80, which the quick model's 64 positions
-    refuse: what --out kept, and stderr."""
+    refuse: what --out kept."""
     out = tmp_path_factory.mktemp("speed") / "quick.json"
     flags = ["--quick", "--seq-lens", "8", "80", "--repeats", "2", "--min-run-time", "0.01", "--copy-variants",
              "resonance", "--out", str(out)]  # fmt: skip
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr), pytest.raises(Exception, match="max_position_embeddings"):
+    with contextlib.redirect_stderr(io.StringIO()), pytest.raises(Exception, match="max_position_embeddings"):
         speed.main(flags)
-    return {"out": out, "results": json.loads(out.read_text()), "stderr": stderr.getvalue()}
+    return {"out": out, "results": json.loads(out.read_text())}
 
 
 def test_a_quick_run_measures_every_comparison_and_keeps_them_when_a_later_length_fails(quick_run):
     results = quick_run["results"]
-    assert "max_position_embeddings" in results["error"] and str(quick_run["out"]) in quick_run["stderr"]
     keys = {f"L8/{comparison['key']}" for comparison in results["comparisons"]}
     assert set(results["ratios"]) == set(results["kernel_ratios"]) == keys  # every one, at L 8 only
     names = {key.removeprefix("L8/") for key in keys}
