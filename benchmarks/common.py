@@ -15,7 +15,10 @@ import datasets
 import torch
 import transformers
 
-from cdnpg.data import load_pair_files
+import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
+from cdnpg import training
+from cdnpg.data import load_pair_files, load_tokenizer
+from cdnpg.training.paraphrase_metrics import common_words
 
 ROOT = Path(__file__).resolve().parents[1]
 QUORA = ROOT.parent / "shared" / "data" / "quora"  # train.jsonl (10,691 pairs), valid.jsonl (the paper's 4,000)
@@ -53,6 +56,18 @@ def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *n
     for name in names:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be positive, got {getattr(args, name)}")
+
+
+def load_checkpoint(args: argparse.Namespace) -> tuple:
+    """What decoding_parser's options name: the checkpoint's model (eval mode, --threads) and tokenizer, the training
+    pairs and their common words (rare-word retention), the pairs of --split, and the paraphrase metric."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transformers.utils.logging.set_verbosity_error()
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(args.checkpoint).eval()
+    train, pairs = read_pairs(args.train_file), read_pairs(args.valid_file, args.max_pairs, half=args.split)
+    common = common_words([*train["source"], *train["target"]])
+    return model, load_tokenizer(args.checkpoint), train, common, pairs, training.load_metric()
 
 
 def machine_info() -> dict:

@@ -23,12 +23,11 @@ from pathlib import Path
 
 import torch
 import transformers
-from common import QUORA, ROOT, append_run, check_setup, read_pairs, read_runs
+from common import QUORA, ROOT, append_run, check_positive, check_setup, read_pairs, read_runs
 from report import show
 
 from cdnpg import training
 from cdnpg.data import load_tokenizer, save_tokenizer, train_wordpiece_tokenizer, write_template_corpus
-from cdnpg.granularity import granularity_spread
 from cdnpg.training.paraphrase_metrics import common_words
 from configuration_cdnpg import COPY_MECHANISMS, GRANULARITY_MASKS, CDNPGConfig
 
@@ -82,9 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for name, value in {**RECIPE, **(QUICK if args.quick else {})}.items():
         setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
-    for name in ("max_steps", "evaluations", "batch_size", "eval_batch_size"):
-        if (getattr(args, name) or 1) < 1:
-            raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
+    check_positive(parser, args, "max_steps", "evaluations", "batch_size", "eval_batch_size")
     if len(set(args.seeds)) != len(args.seeds):
         raise SystemExit(f"--seeds repeats a seed: {args.seeds}")
     return args
@@ -228,7 +225,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     settings = recipe(args, files, tokenizer_dir, data)
     check_setup(runs_path, data)
     check_setup(runs_path, settings)
-    spread = test_pairs[:256]["source"], test_pairs[:256]["target"]  # what granularity_spread reads
     common = common_words([*train_pairs["source"], *train_pairs["target"]])  # as run.py counts rare words
     anchor = {"benchmark": "quality", "seed": 0, "settings": data}
     human = test_metrics(training.score(metric, test_pairs["target"], test_pairs, common))
@@ -251,7 +247,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
             wall_s = time.perf_counter() - tic
             state = json.loads((run_dir / "trainer_state.json").read_text())
             steps, runtime = state.get("global_step"), raw.get("train_runtime")
-            model = transformers.AutoModelForSeq2SeqLM.from_pretrained(run_dir)  # the selected one
             append_run(runs_path, {
                 "benchmark": "quality", "model": name, "seed": seed, "settings": settings,
                 "metrics": test_metrics(raw),
@@ -259,7 +254,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "best_validation_loss": state.get("best_metric", raw.get("eval_loss")),
                 "train_loss": {row["step"]: row["loss"] for row in state.get("log_history", []) if "loss" in row},
                 "wall_s": round(wall_s, 1),
-                "z_spread": granularity_spread(model, load_tokenizer(run_dir), *spread),
             })  # fmt: skip
     runs = read_runs([runs_path])
     show(runs)

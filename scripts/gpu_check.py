@@ -8,9 +8,10 @@ default), and the data of docs/speed.md's GPU table.
 The steps, in this order, each within what is left of `--budget` and each saved as it ends:
 1. the CUDA tests (`pytest -k cuda` of the files that hold them): compiled masks against the paper's formulas on the
    GPU, a paper-size step on SDPA's memory-efficient kernel alone;
-2. the SDPA backend a paper-size training step runs (GA resonance and plain attention, the default configuration);
-3. benchmarks/speed.py once per length (L 20, 64, 256): GA beside none and BART, eager and torch.compile'd training
-   steps and cached beam search, bf16, with the kernels each launches (`SPEED_OPTIONS`).
+2. the SDPA backend a paper-size training step runs (GA resonance and plain attention, the default configuration),
+   and the seconds of its first step (the masks compile) and of the next, printed;
+3. benchmarks/speed.py once per length (L 20, 64, 256): GA beside none and BART, its masks compiled (the default on
+   CUDA) and eager, training steps and cached beam search, bf16, with the kernels each launches (`SPEED_OPTIONS`).
 The output holds each step's result and `table`: the rows of docs/speed.md's GPU table, one column per length.
 """
 
@@ -27,32 +28,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LENGTHS = (20, 64, 256)
 CUDA_TESTS = ["tests/test_sdpa_head_padding.py", "tests/test_fused_granularity.py", "-k", "cuda"]
-# benchmarks/speed.py's options besides --seq-lens and --out: GA against none and BART, eager and whole-step compiled
+# benchmarks/speed.py's options besides --seq-lens and --out: GA against none and BART, its masks compiled and eager
 SPEED_OPTIONS = {
-    "gpu": ["--device", "cuda", "--dtype", "bf16", "--parts", "train", "generate", "--variants", "resonance",
-            "product", "--compiled-variants", "none", "resonance", "--gen-variants", "product", "--eager-variants",
-            "--warm-variants", "--static-variants", "--flex-variants", "--repeats", "3"],
-    "dry-run": ["--device", "cpu", "--quick", "--parts", "train", "--variants", "resonance", "--eager-variants",
-                "--warm-variants", "--repeats", "1", "--min-run-time", "0.01"],
+    "gpu": ["--device", "cuda", "--dtype", "bf16", "--masks", "compiled", "eager", "--variants", "resonance",
+            "product", "--gen-variants", "product", "--repeats", "3"],
+    "dry-run": ["--device", "cpu", "--quick", "--parts", "train", "--masks", "compiled", "eager", "--variants",
+                "resonance", "--repeats", "1", "--min-run-time", "0.01"],
 }  # fmt: skip
+RESONANCE, PRODUCT = "resonance (compiled_masks=True)", "product (compiled_masks=True)"  # speed.py's labels
 # the table's rows: (speed.py result field, key after "L<length>/", label)
 ROWS = [
-    ("ratios", "train/resonance_vs_none", "GA resonance / none, training step"),
-    ("ratios", "train/product_vs_none", "GA product / none, training step"),
-    ("ratios", "train/none_vs_bart", "none / BART, training step"),
-    ("ratios", "train/resonance_compiled_vs_eager", "resonance, torch.compile'd step / eager step"),
-    ("ratios", "train/resonance_vs_none_compiled", "GA resonance / none, both torch.compile'd"),
-    ("ratios", "train/none_vs_bart_compiled", "none / BART, both torch.compile'd"),
-    ("ratios", "gen/product_vs_none_cached", "beam search product / none, cached"),
-    ("ratios", "gen/product_nocache_vs_cache", "beam search use_cache=False / cached (product)"),
+    ("ratios", f"train/{RESONANCE} / none", "GA resonance / none, training step"),
+    ("ratios", f"train/{PRODUCT} / none", "GA product / none, training step"),
+    ("ratios", "train/none / bart", "none / BART, training step"),
+    ("ratios", f"train/{RESONANCE} / resonance", "resonance, masks compiled / eager, training step"),
+    ("ratios", "generate/product (compiled_masks=True) / none", "beam search product / none"),
     ("median_s", "train/none", "ms per training step, none"),
-    ("median_s", "train/resonance", "ms per training step, resonance"),
+    ("median_s", f"train/{RESONANCE}", "ms per training step, resonance"),
     ("median_s", "train/bart", "ms per training step, BART"),
-    ("median_s", "train/resonance+compiled", "ms per training step, resonance, torch.compile'd"),
     ("kernels", "train/none", "kernels per training step, none"),
-    ("kernels", "train/resonance", "kernels per training step, resonance"),
-    ("kernels", "train/product", "kernels per training step, product"),
+    ("kernels", f"train/{RESONANCE}", "kernels per training step, resonance"),
+    ("kernels", f"train/{PRODUCT}", "kernels per training step, product"),
     ("kernels", "train/bart", "kernels per training step, BART"),
+    ("kernels", "generate/none", "kernels per decoding step, none"),
+    ("kernels", "generate/product (compiled_masks=True)", "kernels per decoding step, product"),
 ]
 
 
@@ -64,9 +63,10 @@ def run_tests(timeout: float) -> dict:
     return {**result, "summary": summary[-1] if summary else None}
 
 
-def sdpa_backends(device: str) -> dict:
+def first_steps(device: str) -> tuple[dict, dict]:
     """The SDPA ops one training step runs, per mask, at the paper's size (a tiny model on a CPU dry run), batch 32,
-    L 20: which of SDPA's kernels (flash, memory-efficient, cuDNN, math) the masks let it choose."""
+    L 20: which of SDPA's kernels (flash, memory-efficient, cuDNN, math) the masks let it choose; and the seconds of
+    the first step (where the masks compile, on CUDA) and of the second."""
     import torch
     from torch.profiler import profile
 
@@ -79,16 +79,23 @@ def sdpa_backends(device: str) -> dict:
             loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids).loss
         loss.backward()
 
-    found = {}
+    def timed(model, ids) -> float:
+        start = time.perf_counter()
+        step(model, ids)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return round(time.perf_counter() - start, 3)
+
+    found, seconds = {}, {}
     for mask in ("resonance", "none"):
         model = CDNPGForConditionalGeneration(CDNPGConfig(granularity_mask=mask, **size)).to(device).train()
         ids = torch.randint(103, model.config.vocab_size, (32, 20), device=device)
-        step(model, ids)  # compiles the masks (on CUDA)
+        seconds[mask] = {"first_step_s": timed(model, ids), "second_step_s": timed(model, ids)}  # first: compiles
         with profile() as prof:
             step(model, ids)
         names = [event.name for event in prof.events() if "scaled_dot_product" in event.name]
         found[mask] = {name: names.count(name) for name in sorted(set(names))}
-    return found
+    return found, seconds
 
 
 def run_speed(length: int, options: list[str], out: Path, timeout: float) -> dict:
@@ -151,7 +158,8 @@ def main(argv=None) -> dict:
 
     report["tests"] = run_tests(min(150, deadline - time.monotonic()))
     save()
-    report["sdpa_backends"] = sdpa_backends(device)
+    report["sdpa_backends"], report["first_steps"] = first_steps(device)
+    print("training step at L 20, seconds (the first compiles the masks):", json.dumps(report["first_steps"]))
     save()
     speed = {}
     for done, length in enumerate(args.lengths):

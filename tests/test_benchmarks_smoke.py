@@ -29,34 +29,31 @@ needs_a_compiler = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> dict:
     """One quick run of both parts, with the copy gates, at L 8 and then at L 80, which the quick model's 64 positions
-    refuse: what --out kept, and stderr."""
+    refuse: what --out kept."""
     out = tmp_path_factory.mktemp("speed") / "quick.json"
     flags = ["--quick", "--seq-lens", "8", "80", "--repeats", "2", "--min-run-time", "0.01", "--copy-variants",
              "resonance", "--out", str(out)]  # fmt: skip
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr), pytest.raises(Exception, match="max_position_embeddings"):
+    with contextlib.redirect_stderr(io.StringIO()), pytest.raises(Exception, match="max_position_embeddings"):
         speed.main(flags)
-    return {"out": out, "results": json.loads(out.read_text()), "stderr": stderr.getvalue()}
+    return {"out": out, "results": json.loads(out.read_text())}
 
 
 def test_a_quick_run_measures_every_comparison_and_keeps_them_when_a_later_length_fails(quick_run):
     results = quick_run["results"]
-    assert "max_position_embeddings" in results["error"] and str(quick_run["out"]) in quick_run["stderr"]
     keys = {f"L8/{comparison['key']}" for comparison in results["comparisons"]}
     assert set(results["ratios"]) == set(results["kernel_ratios"]) == keys  # every one, at L 8 only
     names = {key.removeprefix("L8/") for key in keys}
     assert {f"train/{mask} / none" for mask in ("resonance", "scope", "product", "mean")} <= names
-    assert {"train/none / bart", "generate/none / bart", "train/resonance (size=minilm) / bart (size=minilm)",
-            "train/resonance (copy=learned, size=minilm) / resonance (size=minilm)", "generate/product / none",
-            "train/resonance (copy=granularity) / resonance", "generate/product (use_cache=False) / product"} <= names  # fmt: skip
+    assert {"train/none / bart", "generate/none / bart", "generate/product / none",
+            "train/resonance (copy=learned) / resonance", "train/resonance (copy=granularity) / resonance"} <= names  # fmt: skip
     for key in keys:
         ratio = results["ratios"][key]
         assert all(math.isfinite(value) and value > 0 for value in [ratio["value"], *ratio["quartiles"]]), key
-        assert len(ratio["per_round"]) == 2 and "memory" not in ratio  # no public peak counter for CPU memory
-    assert results["ratios"]["L8/train/resonance / none"]["target"] == "<= 1.1"
-    assert results["ratios"]["L8/generate/product (use_cache=False) / product"]["target"] == ">= 3.0"
-    assert results["kernel_ratios"]["L8/train/product / none"]["target"] == "<= 1.3"
-    assert results["kernel_ratios"]["L8/generate/product / none"]["target"] == "<= 1.2"
+        assert len(ratio["per_round"]) == 2
+    assert results["ratios"]["L8/train/resonance / none"]["target"] == "<= 1.05"
+    assert results["kernel_ratios"]["L8/train/none / bart"]["target"] == "<= 1.0"
+    # kernel targets are for compiled masks, a GPU's default; a CPU's eager masks launch more and have none
+    assert "target" not in results["kernel_ratios"]["L8/train/product / none"]
     # the models counted and timed are exactly those the comparisons name, each in every round
     named = {f"L8/{c['part']}/{Model(**model).label}" for c in results["comparisons"]
              for model in (c["numerator"], c["denominator"])}  # fmt: skip
@@ -95,25 +92,27 @@ def test_report_averages_seeds_and_leaves_out_a_metric_a_run_could_not_compute(t
 
 
 def test_the_options_name_the_comparisons_as_plain_data():
-    """--masks compares GA with none each way its masks are built, and the two ways with each other; a subset of
-    --variants leaves the others out; the default way is the device's (compiled on CUDA)."""
-    args = speed.parse_args(["--masks", "eager", "compiled", "--variants", "resonance", "--copy-variants", "resonance",
-                             "--warm-variants"])  # fmt: skip
+    """--masks compares GA with none each way its masks are built, and the two ways with each other, kernel targets
+    going to the compiled masks a GPU runs by default; a subset of --variants leaves the others out; the default way
+    is the device's (compiled on CUDA)."""
+    args = speed.parse_args(
+        ["--masks", "eager", "compiled", "--variants", "resonance", "--copy-variants", "resonance"]
+    )
     plan = speed.comparisons(args)
     none, resonance, compiled_masks = Model(), Model("resonance"), Model("resonance", compiled_masks=True)
-    assert Comparison("train", compiled_masks, none, at_most=1.10, kernels_at_most=1.20) in plan
-    assert Comparison("train", resonance, none, at_most=1.10, kernels_at_most=1.20) in plan
+    assert Comparison("train", compiled_masks, none, at_most=1.05, kernels_at_most=1.20) in plan
+    assert Comparison("train", resonance, none, at_most=1.05) in plan
     assert Comparison("train", compiled_masks, resonance) in plan
     assert Comparison("train", none, Model(BART), at_most=1.05, kernels_at_most=1.0) in plan
     assert Comparison("generate", Model("product", compiled_masks=True), none, kernels_at_most=1.20) in plan
-    copy = Model("resonance", compiled_masks=True, copy="granularity", size="minilm")
-    assert Comparison("train", copy, Model("resonance", compiled_masks=True, size="minilm"), at_most=1.10) in plan
-    assert Comparison("generate", Model("product", use_cache=False), Model("product"), at_least=3.0) in plan
+    assert Comparison("generate", Model("product"), none) in plan
+    copy = Model("resonance", compiled_masks=True, copy="granularity")
+    assert Comparison("train", copy, compiled_masks, at_most=1.10) in plan
     assert all(c.numerator != c.denominator for c in plan) and len(set(plan)) == len(plan)
     assert not any(c.numerator.mask in ("scope", "product", "mean") for c in plan if c.part == "train")
     assert not any(m.compiled_masks for c in plan for m in (c.numerator, c.denominator) if m.mask in ("none", BART))
     config = copy.build(quick=True).config
-    assert config.compile_granularity_masks and config.copy_mechanism == "granularity" and config.layernorm_embedding
+    assert config.compile_granularity_masks is True and config.copy_mechanism == "granularity"
     assert speed.parse_args([]).masks == ["eager"] and speed.parse_args(["--device", "cuda"]).masks == ["compiled"]
 
 

@@ -30,7 +30,6 @@ def test_quality_quick_trains_scores_and_reports_every_kind_of_model(tmp_path, m
     printed = capsys.readouterr().out
     assert "| copy the source |" in printed and "| warm start, resonance |" in printed  # the table was printed
     assert "| bert2bert (transformers EncoderDecoderModel) |" in printed
-    assert "- BART (transformers, same size): training loss by quarter of the 4 steps " in printed
 
     runs = read_runs([out / "runs.jsonl"])
     assert {run["command"] for run in runs} == {" ".join(["quality.py", *argv])}
@@ -53,8 +52,6 @@ def test_quality_quick_trains_scores_and_reports_every_kind_of_model(tmp_path, m
     assert 0 <= groups["human references"][0]["metrics"]["rare_kept"] <= 100
     config = json.loads((out / "warm-resonance-seed0" / "config.json").read_text())
     assert config["granularity_mask"] == "resonance" and config["d_model"] == 32 and config["layernorm_embedding"]
-    assert [len(layers) for layers in groups["warm-resonance"][0]["z_spread"].values()] == [2, 2, 2]  # 2 layers
-    assert groups["bert2bert"][0]["z_spread"] is None and groups["bart"][0]["z_spread"] is None  # no z
 
     # run.py's rare_kept: the rare words (outside the training text's common words) of its test sources it kept
     from cdnpg.training.paraphrase_metrics import common_words, detail_words, retention
