@@ -136,7 +136,7 @@ class ModelArguments:
         metadata={
             "help": "Build the granularity masks (and the copy's mixture) with torch.compile, the model staying "
             "eager: about one kernel each way per attention module instead of ~27, for GPUs, where the launches set "
-            "the step time (docs/speed.md); for any model source, saved in its config. None: the config's (False)."
+            "the step time (docs/speed.md); for any model source, saved in its config. None: the config's (unset: compiled on CUDA, eager elsewhere)."
         },
     )
     copy_common_tokens: int | None = field(
