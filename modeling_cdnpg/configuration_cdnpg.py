@@ -56,8 +56,8 @@ class CDNPGConfig(PretrainedConfig):
             the paper's C-DNPG (R)), `"scope"` (S, eq. 8), `"product"` (C ⊙ S), `"mean"` ((C + S) / 2) or `"none"` (a
             plain Transformer, the paper's baseline: no granularity heads).
         granularity_mask_mode (`str`, defaults to `"log_bias"`):
-            How the mask adjusts attention (eq. 9): `"log_bias"` adds log(max(M, 1e-32)) to the logits (the released
-            code's renormalised product); `"multiply"` multiplies the softmax output (the literal eq. 9).
+            How the mask adjusts attention (eq. 9): `"log_bias"` adds log(M) to the logits (the released
+            code's renormalised product; M ≤ 1e-32 gets a weight of exactly 0); `"multiply"` multiplies the softmax output (the literal eq. 9).
         scope_epsilon (`float`, defaults to 2.0):
             The window ε of the scope mask (eq. 7 and 8): a phrase-level token (z = 1) sees neighbours within ε.
         cross_attention_granularity (`bool`, defaults to `True`):

@@ -14,9 +14,11 @@ Deliberate differences from the released code, each covered by a test:
 - N in eq. 8 is the number of keys query i can see: each sentence's own length in the encoder (padding and batch
   composition never change an output), i + 1 in the decoder (so cached decoding equals a full forward).
 - (N - eps) is clamped at 0 before the power: eq. 8 is undefined for N < eps, where every key lies inside the window.
-- Masks are computed in fp32 and enter attention as the finite bias log(max(M, 1e-32)) ("log_bias" mode, the released
-  code's renormalised product), so every backend that takes an additive mask runs GA-attention (eager, SDPA, flex
+- Masks are computed in fp32 and enter attention as the finite bias log(M) ("log_bias" mode, the released code's
+  renormalised product), so every backend that takes an additive mask runs GA-attention (eager, SDPA, flex
   attention). The literal eq. 9 ("multiply" mode) runs eager.
+- Where M ≤ 1e-32 the weight is exactly 0 (bias -1e4), where the released code's log(1e-32) leaves ~1e-32, whose
+  backward products are subnormal floats (several times slower on a CPU).
 - Decoding is incremental with transformers' caches; the granularity logits W_G h of the cached tokens are kept
   beside keys and values (`GranularityCache`).
 
@@ -65,6 +67,9 @@ if TYPE_CHECKING:  # never imported here, but transformers copies a model's rela
 logger = logging.get_logger(__name__)
 
 MASK_FLOOR = 1e-32  # smallest mask value before the log (released code): log(1e-32) ≈ -73.7, i.e. weight ~ 0
+# The bias of a mask value at or below MASK_FLOOR: its softmax weight is exactly 0, as A ⊙ M gives, where a weight of
+# ~1e-32 would make the backward's products subnormal (on a CPU, several times slower matrix products)
+ZERO_MASK_BIAS = -1e4
 # The arguments of generation_cdnpg.paraphrase() that generate() refuses by name, pointing there
 PARAPHRASE_ARGUMENTS = frozenset(
     {"novelty", "keep_details", "allow_copy", "rank_by", "novelty_z_layer", "novelty_z_inverted"}
@@ -269,11 +274,12 @@ def granularity_bias(
     epsilon: float,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """GA-attention's additive mask (b, 1, i, j) in `dtype`: log(max(M, 1e-32)) of `layout_granularity_mask` where a
-    key is visible, the dtype's minimum where it is blocked (`blocked_keys`). It computes everything from the padding
-    (b, j) and the positions, so that compiled (`granularity_kernels.fast`) it is one kernel forward and one backward."""
+    """GA-attention's additive mask (b, 1, i, j) in `dtype`: log(M) of `layout_granularity_mask` where a key is visible
+    (`ZERO_MASK_BIAS` where M ≤ `MASK_FLOOR`), the dtype's minimum where it is blocked (`blocked_keys`). It computes
+    everything from the padding (b, j) and the positions, so that compiled (`granularity_kernels.fast`) it is one
+    kernel forward and one backward."""
     mask = layout_granularity_mask(kind, logits_query, logits_key, layout, epsilon)
-    bias = mask.clamp(min=MASK_FLOOR).log()[:, None].to(dtype)
+    bias = torch.where(mask > MASK_FLOOR, mask.clamp(min=MASK_FLOOR).log(), ZERO_MASK_BIAS)[:, None].to(dtype)
     blocked = blocked_keys(layout, logits_key.shape[-1])
     return bias if blocked is None else bias.masked_fill(blocked, torch.finfo(dtype).min)
 

@@ -2,13 +2,15 @@
 keys), eager and compiled alone (`granularity_kernels.fast`, config.compile_granularity_masks), equals the paper's
 formulas in value and gradient; when the masks compile (default: on CUDA) and what happens when compiling fails.
 
-The reference is `granularity_mask` (eqs. 6-9, the readable spec) through autograd, log(max(M, 1e-32)) where a key is
-visible and the dtype's minimum where it is blocked, with N of eq. 8 counted key by key. Compared in float64, for every
+The reference is `granularity_mask` (eqs. 6-9, the readable spec) through autograd, log(M) where a key is
+visible (-1e4, a weight of exactly 0, where M ≤ 1e-32) and the dtype's minimum where it is blocked, with N of eq. 8 counted key by key. Compared in float64, for every
 mask, on encoder-like (padded), decoder-like (causal, left-padded, cached: queries after the first positions) and
 cross-attention (i != j, no scope) layouts. Inductor's generated kernels (what a GPU runs, as Triton) are checked on
 the layouts that exercise every rule; the other compiled tests run the graphs dynamo traces (backend "eager"),
 without inductor's C++ compile: they prove the tracing and the model's wiring, not the kernels.
 """
+
+import math
 
 import pytest
 import torch
@@ -16,7 +18,14 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from cdnpg.data import load_tokenizer
 from modeling_cdnpg import granularity_kernels, modeling_cdnpg
-from modeling_cdnpg.modeling_cdnpg import CACHE_NAME, MASK_FLOOR, AttentionLayout, attention_bias, granularity_mask
+from modeling_cdnpg.modeling_cdnpg import (
+    CACHE_NAME,
+    MASK_FLOOR,
+    ZERO_MASK_BIAS,
+    AttentionLayout,
+    attention_bias,
+    granularity_mask,
+)
 from tests.conftest import cache_of, tiny_model
 
 KINDS = ("resonance", "scope", "product", "mean")
@@ -72,7 +81,7 @@ def reference_bias(kind, layout, z_query, z_key, dtype=torch.float64):
     length = seen.sum(-1, keepdim=True).double() if kind != "resonance" else None
     distance = (positions[:, None] - keys).abs().double()
     mask = granularity_mask(kind, z_query[:, :, None], z_key[:, None, :], length, distance, EPSILON)
-    bias = mask.clamp(min=MASK_FLOOR).log()[:, None].to(dtype)
+    bias = torch.where(mask > MASK_FLOOR, mask.clamp(min=MASK_FLOOR).log(), ZERO_MASK_BIAS)[:, None].to(dtype)
     return bias.masked_fill(~seen[:, None], torch.finfo(dtype).min)
 
 
@@ -166,12 +175,14 @@ def test_the_bias_in_bfloat16_is_the_rounded_float32_bias_with_a_finite_minimum(
     assert bias.isfinite().all()
 
 
-def test_mask_below_the_floor_has_no_gradient():
-    """Outside the scope window S = 0 < 1e-32: the bias is log(1e-32), a constant, as the reference's clamp makes it."""
+def test_a_mask_below_the_floor_gives_a_weight_of_exactly_zero_and_no_gradient():
+    """Outside the scope window S = 0 < 1e-32: the bias is -1e4, a constant whose softmax weight is exactly 0 (not the
+    ~1e-32 of log(1e-32), whose backward products are subnormal floats)."""
     layout = AttentionLayout(None, torch.arange(8), 8, causal=False)
     logits = torch.full((1, 8), 7.0, dtype=torch.float64, requires_grad=True)  # z ≈ 0.999, details: a window of eps
     bias = attention_bias(layout, torch.float64, "scope", logits, logits, EPSILON)
-    assert (bias[0, 0, 0, 4:] == torch.tensor(MASK_FLOOR, dtype=torch.float64).log()).all()
+    assert (bias[0, 0, 0, 4:] == ZERO_MASK_BIAS).all() and (bias[0, 0, 0, :3] > math.log(MASK_FLOOR)).all()
+    assert (torch.softmax(bias[0, 0, 0], -1)[4:] == 0).all()
     (grad,) = torch.autograd.grad(bias[0, 0, 0, 4:].sum(), logits)
     assert (grad == 0).all()
 

@@ -99,7 +99,7 @@ def reference_self_attention(module: CDNPGAttention, hidden: torch.Tensor, kind:
                 s = max(0.0, min(1.0, max(length - eps, 0.0) ** (1 - z[i]) + eps - abs(i - j)))
                 m = {"resonance": c, "scope": s, "product": c * s, "mean": (c + s) / 2}[kind]
                 score = (q[i, cols] @ k[j, cols]).item() / math.sqrt(d_head)
-                logits.append(score if multiply else score + math.log(max(m, 1e-32)))
+                logits.append(score if multiply else score + (math.log(m) if m > 1e-32 else -1e4))
                 masks.append(m)
             probs = torch.softmax(torch.tensor(logits), dim=0)
             if multiply:
