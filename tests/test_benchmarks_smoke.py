@@ -62,6 +62,18 @@ def test_a_quick_run_measures_every_comparison_and_keeps_them_when_a_later_lengt
         assert results["machine"][field]
 
 
+def test_kernels_only_counts_every_models_kernels_and_times_nothing(tmp_path):
+    out = tmp_path / "kernels.json"
+    flags = ["--quick", "--seq-lens", "8", "--parts", "train", "--variants", "resonance", "--kernels-only"]
+    with contextlib.redirect_stderr(io.StringIO()):
+        speed.main([*flags, "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert {"L8/train/resonance", "L8/train/none"} <= set(results["kernels"])
+    assert results["kernels"]["L8/train/resonance"]["total"] > results["kernels"]["L8/train/none"]["total"] > 0
+    assert "L8/train/resonance / none" in results["kernel_ratios"]
+    assert not results["ratios"] and not results["median_s"] and not results["measurements"]
+
+
 def test_report_prints_the_tables_of_speed_results(quick_run, capsys):
     report.main([str(quick_run["out"])])
     printed = capsys.readouterr().out
