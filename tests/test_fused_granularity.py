@@ -162,10 +162,17 @@ def test_on_cuda_a_default_model_trains_as_with_eager_masks(compiled_runs):
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize(("kind", "compiled"), [(kind, False) for kind in KINDS] + [("product", True)])
-def test_the_bias_in_bfloat16_is_the_rounded_float32_bias_with_a_finite_minimum(kind, compiled, traced):
-    """Under bf16 autocast the mask is computed from float32 logits and cast once, compiled too; a blocked key gets
-    bf16's minimum, not -inf (a fully blocked row attends uniformly instead of producing NaN)."""
+@pytest.mark.parametrize(
+    ("kind", "backend"), [(kind, None) for kind in KINDS] + [("product", "eager"), ("product", "inductor")]
+)
+def test_the_bias_in_bfloat16_is_the_rounded_float32_bias_with_a_finite_minimum(kind, backend, monkeypatch):
+    """Under bf16 autocast the mask is computed from float32 logits and cast once, eager, traced by dynamo and in
+    inductor's kernels (what a GPU runs under autocast); a blocked key gets bf16's minimum, not -inf (a fully blocked
+    row attends uniformly instead of producing NaN)."""
+    compiled = backend is not None
+    if compiled:
+        monkeypatch.setattr(granularity_kernels, "COMPILE_BACKEND", backend)
+        torch.compiler.reset()  # inductor from dynamo's first state, as in the inductor test above
     _, layout, queries, _ = next(layouts())
     logits = random_logits(3, queries, 5).float()
     bias = attention_bias(layout, torch.bfloat16, kind, logits, logits, EPSILON, compiled=compiled)
