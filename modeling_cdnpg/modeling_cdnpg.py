@@ -469,25 +469,35 @@ class CDNPGAttention(nn.Module):
     def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
         return states.view(*states.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, t, d_head)
 
-    def _encoder_keys_and_values(
-        self, encoder_states: torch.Tensor, cache: EncoderDecoderCache | None
+    def keys_and_values(
+        self,
+        states: torch.Tensor,
+        logits: torch.Tensor | None,
+        layout: AttentionLayout,
+        cache: EncoderDecoderCache | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Cross-attention keys, values and granularity logits (or None) of the encoder states: computed once, at the
-        first decoding step, then read from the cache."""
-        cross_cache = cache.cross_attention_cache if cache is not None else None
-        has_head = self.granularity_head is not None
-        if cross_cache is not None and cache.is_updated.get(self.layer_idx):
-            logits_key = cache.cross_granularity_logits(self.layer_idx) if has_head else None
-            return cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values, logits_key
-        key_states = self._split_heads(self.k_proj(encoder_states))
-        value_states = self._split_heads(self.v_proj(encoder_states))
-        logits_key = self.granularity_head(encoder_states) if has_head else None  # GA, eq. 4
-        if cross_cache is not None:
-            key_states, value_states = cross_cache.update(key_states, value_states, self.layer_idx)
-            if has_head:
-                logits_key = cache.store(cache.cross_granularity_logits_cache, logits_key, self.layer_idx, None)
+        """Keys and values (b, h, j, d_head) and granularity logits (b, j) or None of the states attended to (b, j, d):
+        self-attention's are the queries' own (`logits`, one z per token, eq. 4), appended to the cache; cross-
+        attention's are the encoder states', computed at the first decoding step, then read from the cache."""
+        if self.is_cross_attention:
+            if cache is not None and cache.is_updated.get(self.layer_idx):
+                layer = cache.cross_attention_cache.layers[self.layer_idx]
+                logits = cache.cross_granularity_logits(self.layer_idx) if self.granularity_head is not None else None
+                return layer.keys, layer.values, logits
+            logits = self.granularity_head(states) if self.granularity_head is not None else None  # GA, eq. 4
+        key_states, value_states = self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states))
+        if cache is None:
+            return key_states, value_states, logits
+        cross = self.is_cross_attention
+        kv_cache = cache.cross_attention_cache if cross else cache.self_attention_cache
+        cache_kwargs = None if cross else {"cache_position": layout.query_positions}
+        key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx, cache_kwargs)
+        if logits is not None:  # GA: the cache is a `GranularityCache`
+            logits_cache = cache.cross_granularity_logits_cache if cross else cache.granularity_logits_cache
+            logits = cache.store(logits_cache, logits, self.layer_idx, cache_kwargs)
+        if cross:
             cache.is_updated[self.layer_idx] = True
-        return key_states, value_states, logits_key
+        return key_states, value_states, logits
 
     def forward(
         self,
@@ -503,19 +513,8 @@ class CDNPGAttention(nn.Module):
         query_states = self._split_heads(self.q_proj(hidden_states))
         logits_query = self.granularity_head(hidden_states) if self.granularity_head is not None else None  # GA
 
-        if self.is_cross_attention:
-            key_states, value_states, logits_key = self._encoder_keys_and_values(key_value_states, cache)
-        else:
-            key_states = self._split_heads(self.k_proj(hidden_states))
-            value_states = self._split_heads(self.v_proj(hidden_states))
-            logits_key = logits_query  # the same tokens: one z per token, eq. 4
-            if cache is not None:
-                cache_kwargs = {"cache_position": layout.query_positions}
-                key_states, value_states = cache.self_attention_cache.update(
-                    key_states, value_states, self.layer_idx, cache_kwargs
-                )
-                if logits_key is not None:
-                    logits_key = cache.store(cache.granularity_logits_cache, logits_key, self.layer_idx, cache_kwargs)
+        source_states = key_value_states if self.is_cross_attention else hidden_states
+        key_states, value_states, logits_key = self.keys_and_values(source_states, logits_query, layout, cache)
 
         implementation, extra = self.config._attn_implementation or "eager", {}
         kind, epsilon, compiled = self.mask_kind, self.config.scope_epsilon, self.config.compile_granularity_masks
@@ -1181,8 +1180,6 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         encoder_outputs, inputs_embeds: see `CDNPGModel.forward` (named: `generate()` looks for them by name).
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`): target ids, -100 where ignored; the
             decoder inputs are derived from them when not given.
-        logits_to_keep (`int` or `torch.Tensor`): logits for the last `logits_to_keep` positions (0: all) or for
-            the given ones.
         num_items_in_batch: the target tokens of the whole (accumulated, all-process) batch, as `Trainer` passes it:
             the loss is the token sum divided by it.
         kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), keyword-only, passed on as given.
@@ -1232,9 +1229,8 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         return CDNPGSeq2SeqLMOutput(loss=loss, logits=logits, **model_outputs)
 
     def copy(self, logits, decoder_states, outputs, source_ids, attention_mask, positions, labels=None):
-        """The vocabulary logits mixed with the copy distribution (`CopyMechanism`), as log-probabilities, and the
-        summed NLL of the labels when given. The granularity gate reads the logits W_G h (b, j) of the source as the
-        last cross-attention sees them (from the cache once stored there) and z of its queries (b, i)."""
+        """`CopyMechanism` on the model's outputs: the granularity gate reads the logits W_G h (b, j) of the source as
+        the last cross-attention sees them (from the cache once stored there) and z of its queries (b, i)."""
         if source_ids is None:
             raise ValueError(
                 "copy_mechanism: the copy distribution is put on the source token ids: pass input_ids, or "
