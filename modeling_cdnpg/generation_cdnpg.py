@@ -15,9 +15,8 @@ it is template (`SourceNgramPenaltyLogitsProcessor`) and an exact copy may not e
 `keep_details`, a source token still owed gains nats as far as it is a detail (`DetailBonusLogitsProcessor`); the
 amounts are `rule_processors`'. Reasoning and measurements: docs/novelty.md.
 
-`paraphrase()` checks its settings (`ParaphraseSettings`), searches (`search_candidates`), scores (`score_candidates`)
-and ranks (`rank_candidates`). Remote code, copied into every checkpoint: imports only torch and transformers (4.57
-and 5.x).
+`paraphrase()` checks its settings, searches, scores and ranks. Remote code, copied into every checkpoint: imports only
+torch and transformers (4.57 and 5.x).
 """
 
 import copy
@@ -42,6 +41,11 @@ Z_SETTINGS = ("novelty_z_layer", "novelty_z_inverted")  # which z the rules read
 CONFIGURED = ("novelty", "keep_details", "rank_by", "num_candidates")  # settings a generation config may default
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 RANKING_PARTS = ("score", "reverse_likelihood", "similarity", "rewording")  # what a ranking weighs (rank_by)
+COUNTS = {  # ParaphraseSettings' counts: what each counts
+    "num_return_sequences": "candidates per input",
+    "num_candidates": "candidates generated per input",
+    "num_beam_groups": "beam searches per input",
+}
 NO_Z = (
     "novelty: this model has no granularity heads (granularity_mask='none'), so there is no z to tell template from "
     "detail: every source bigram is penalised, and every source token kept, alike (a uniform weight)"
@@ -60,17 +64,10 @@ NEEDS_SIMILARITY = (
 @dataclass
 class CDNPGParaphraseOutput(ModelOutput):
     """What `paraphrase()` returns: for every input its `num_return_sequences` candidates, best first (rows `i * n`
-    to `i * n + n - 1` belong to input i).
-
-    sequences (`(batch * n, length)`): the candidates' ids; a row that could not be filled (fewer distinct
-        candidates than asked for) is all padding, with score -inf. The others are `(batch * n,)`:
-    sequences_scores: what the candidates are ranked by (`rank_by`): by default the score (`score_candidates`).
-    log_likelihoods: mean log-probability of the candidate's tokens under the model alone.
-    source_overlaps: mean template weight of the source bigrams the candidate repeats, in [0, 1].
-    details_kept: mean detail weight of the source tokens the candidate keeps, in [0, 1].
-    reverse_log_likelihoods (with a `rank_by` that weighs "reverse_likelihood"): `reverse_log_likelihoods`.
-    similarities (with a `rank_by` that weighs "similarity"): cosine of the source's and the candidate's sentence
-        embeddings, in [-1, 1].
+    to `i * n + n - 1` belong to input i), the candidates' ids `sequences` (`(batch * n, length)`) and the rest
+    `(batch * n,)`: `sequences_scores`, what they are ranked by (`ranking_weights`), and the parts of the ranking
+    (`ranking_parts`), those of the score always, `reverse_log_likelihoods` and `similarities` when it weighs them.
+    A row that could not be filled (fewer distinct candidates than asked for) is padding with score -inf.
     """
 
     sequences: torch.LongTensor | None = None
@@ -80,6 +77,13 @@ class CDNPGParaphraseOutput(ModelOutput):
     details_kept: torch.FloatTensor | None = None
     reverse_log_likelihoods: torch.FloatTensor | None = None
     similarities: torch.FloatTensor | None = None
+
+
+def check_number(name: str, value, allowed: str, within: Callable[[float], bool], kinds: type | tuple = (int, float)):
+    """A ValueError naming `name` and what it takes (`allowed`) unless `value` is of `kinds` (a bool is no number)
+    and `within(value)` holds."""
+    if isinstance(value, bool) or not isinstance(value, kinds) or not within(value):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 def ranking_weights(rank_by: str | Mapping[str, float]) -> dict[str, float]:
@@ -97,8 +101,9 @@ def ranking_weights(rank_by: str | Mapping[str, float]) -> dict[str, float]:
                 f"rank_by: unknown part {part!r}; the parts that can be weighed are {parts} (one, several joined by "
                 "'+', or a mapping of weights such as {'score': 1.0, 'similarity': 4.0})"
             )
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < math.inf:
-            raise ValueError(f"rank_by: the weight of {part!r} must be a finite number at least 0, got {weight!r}")
+        check_number(
+            f"rank_by: the weight of {part!r}", weight, "a finite number at least 0", lambda w: 0 <= w < math.inf
+        )
     if not any(weights.values()):
         raise ValueError(f"rank_by: at least one weight must be above 0, got {dict(rank_by)!r}")
     return {part: float(weight) for part, weight in weights.items()}
@@ -111,14 +116,12 @@ class ParaphraseSettings:
 
     novelty, keep_details: the strengths of the two rules, in [0, 1]; at 0 and 0, the model's own decoding.
     num_return_sequences: candidates returned per input, best first.
-    num_candidates: candidates generated and ranked per input (at least num_return_sequences; None: as many; a
-        generation config's default is raised to it).
-    num_beam_groups: with novelty above 0, the beam searches the candidates come from (`search_candidates`; at most
-        num_candidates; None: num_return_sequences). At novelty 0 the candidates are one search's beams.
-    rank_by: parts of `RANKING_PARTS` joined by "+" or a mapping of their weights (`ranking_weights`), e.g.
-        {"score": 1.0, "similarity": 4.0}; a ranking other than by the score alone ranks even at novelty 0.
-    similarity: what a ranking that weighs "similarity" needs, and no other takes: (source texts, candidate texts,
-        as many per source) -> cosines (`cdnpg.ranking.SentenceSimilarity`).
+    num_candidates, num_beam_groups: see `candidates` and `groups` (a generation config's num_candidates is raised
+        to num_return_sequences). At novelty 0 the candidates are one search's beams.
+    rank_by: see `ranking_weights`, e.g. {"score": 1.0, "similarity": 4.0}; a ranking other than by the score alone
+        ranks even at novelty 0.
+    similarity: (source texts, candidate texts, as many per source) -> cosines (`cdnpg.ranking.SentenceSimilarity`),
+        for a ranking that weighs "similarity" and no other.
     allow_copy: the source itself may be a candidate.
     configured: the fields the generation config gave, named as its own in errors.
     """
@@ -137,20 +140,11 @@ class ParaphraseSettings:
     def __post_init__(self):
         named = {name: f"generation_config.{name}" if name in self.configured else name for name in SETTINGS}
         for name in ("novelty", "keep_details"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise ValueError(
-                    f"{named[name]} must be a number in [0, 1] (0: the model's own decoding), got {value!r}"
-                )
-        counts = {
-            "num_return_sequences": "candidates per input",
-            "num_candidates": "candidates generated per input",
-            "num_beam_groups": "beam searches per input",
-        }
-        for name, what in counts.items():
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{named[name]} must be a positive integer ({what}), got {value!r}")
+            strength = "a number in [0, 1] (0: the model's own decoding)"
+            check_number(named[name], getattr(self, name), strength, lambda value: 0 <= value <= 1)
+        for name, what in COUNTS.items():
+            if (value := getattr(self, name)) is not None:
+                check_number(named[name], value, f"a positive integer ({what})", lambda count: count >= 1, int)
         wanted, groups = self.num_return_sequences, self.num_beam_groups
         if "num_candidates" not in self.configured and (self.num_candidates or wanted) < wanted:
             raise ValueError(
@@ -186,12 +180,14 @@ class ParaphraseSettings:
 
     @property
     def candidates(self) -> int:
-        """Candidates generated and ranked per input: num_candidates, at least num_return_sequences."""
+        """Candidates generated and ranked per input: num_candidates (None: num_return_sequences), at least
+        num_return_sequences."""
         return max(self.num_candidates or 1, self.num_return_sequences)
 
     @property
     def groups(self) -> int:
-        """Beam searches the candidates come from, with novelty above 0."""
+        """Beam searches the candidates come from with novelty above 0 (`search_candidates`): num_beam_groups (None:
+        num_return_sequences), at most num_candidates."""
         return self.num_beam_groups or self.num_return_sequences
 
     @classmethod
@@ -279,9 +275,7 @@ def source_ngrams(
     non-special tokens (the source's first special token is the one the decoder starts with). Weight 0 (and id -1,
     which no generated token matches) for an n-gram that ends in a special token, holds padding, has no other token,
     or, given word `starts` (b, s), ends inside a word: penalising that token would split the word into a non-word.
-
-    detail (b, s): z of each source token, in [0, 1] (all 0 for a uniform weight).
-    """
+    detail (b, s): z of each source token, in [0, 1] (all 0 for a uniform weight)."""
     ids = input_ids.masked_fill(~attention_mask.bool(), -1)
     windows = ids.unfold(1, NGRAM_SIZE, 1)  # (b, k, n)
     special = torch.isin(windows, special_ids)
@@ -294,8 +288,8 @@ def source_ngrams(
 
 
 class PerInputLogitsProcessor(LogitsProcessor):
-    """A processor that holds tensors per input (b, ...) and reads them per row: `generate()` passes the inputs
-    expanded over beams or returned sequences, input-major (rows = b x expansion)."""
+    """A processor that holds tensors per input (b, ...) and reads them per row: any model's `generate()` passes the
+    inputs expanded over beams or returned sequences, input-major (rows = b x expansion)."""
 
     def __init__(self, **per_input: torch.Tensor):
         self.per_input, self.per_row, self.rows = per_input, per_input, 0
@@ -312,12 +306,9 @@ class PerInputLogitsProcessor(LogitsProcessor):
 
 class SourceNgramPenaltyLogitsProcessor(PerInputLogitsProcessor):
     """Takes `penalties[i, j]` off the score of token `ngrams[i, j, -1]` whenever a hypothesis of input i ends in
-    `ngrams[i, j, :-1]`: a soft, weighted `encoder_no_repeat_ngram_size`. Where several n-grams end in the same
-    token, the largest penalty applies.
-
-    ngrams (b, k, n) and penalties (b, k) are per input (`source_ngrams`); padded slots have id -1 and penalty 0.
-    It works with any model's `generate()`, beams and returned sequences included.
-    """
+    `ngrams[i, j, :-1]`: a soft, weighted `encoder_no_repeat_ngram_size`, the largest penalty where several n-grams
+    end in the same token. ngrams (b, k, n) and penalties (b, k) are per input (`source_ngrams`), padded with id -1
+    and penalty 0."""
 
     def __init__(self, ngrams: torch.LongTensor, penalties: torch.Tensor):
         super().__init__(contexts=ngrams[..., :-1], targets=ngrams[..., -1].clamp(min=0), penalties=penalties)
@@ -340,10 +331,8 @@ def content_first(ids: torch.LongTensor, content: torch.Tensor) -> torch.LongTen
 
 class NoCopyLogitsProcessor(PerInputLogitsProcessor):
     """Forbids the end token to a hypothesis whose tokens (special ones left out) are exactly its source's: an exact
-    copy can never be finished, whatever the penalties.
-
-    source_ids (b, s) with attention_mask (b, s); special_ids and eos_token_ids 1-D.
-    """
+    copy can never be finished, whatever the penalties. source_ids and attention_mask (b, s); special_ids and
+    eos_token_ids 1-D."""
 
     def __init__(self, source_ids: torch.LongTensor, attention_mask: torch.Tensor, special_ids, eos_token_ids):
         super().__init__(content=content_first(source_ids, content_tokens(source_ids, attention_mask, special_ids)))
@@ -361,12 +350,8 @@ class NoCopyLogitsProcessor(PerInputLogitsProcessor):
 class DetailBonusLogitsProcessor(PerInputLogitsProcessor):
     """Adds `bonuses[i, j]` to the score of source token `source_ids[i, j]` for a hypothesis of input i that holds
     that token no more often than the source does before j: a pull towards keeping each of the source's tokens once,
-    as strong as the token is a detail. Where several source tokens are the same one, the largest bonus still owed
-    applies.
-
-    source_ids (b, s) and bonuses (b, s) are per input; padding and special tokens take bonus 0 (or id -1). It works
-    with any model's `generate()`.
-    """
+    as strong as the token is a detail (the largest bonus still owed where several source tokens are the same one).
+    source_ids and bonuses (b, s) are per input; padding and special tokens take bonus 0 (or id -1)."""
 
     def __init__(self, source_ids: torch.LongTensor, bonuses: torch.Tensor):
         earlier = (source_ids[:, :, None] == source_ids[:, None, :]).tril(-1).sum(-1)  # (b, s): copies before j
@@ -404,9 +389,8 @@ class SourceWeights:
 
 
 def z_settings(model, generation_config: GenerationConfig | None = None) -> tuple[int | None, bool]:
-    """The encoder layer whose z the rules read and whether 1 - z is read: the generation config's
-    `novelty_z_layer` and `novelty_z_inverted` (`cdnpg.calibration.calibrate_granularity`), else the top layer as it
-    comes, with a warning. A model without granularity heads reads none (a uniform weight), with a warning."""
+    """The encoder layer whose z the rules read and whether 1 - z is read: the generation config's `novelty_z_layer`
+    and `novelty_z_inverted` (`cdnpg.calibration.calibrate_granularity`), else as `NO_Z` and `UNCALIBRATED` warn."""
     config = generation_config if generation_config is not None else model.generation_config
     if model.config.granularity_mask == "none":
         warnings.warn(NO_Z, UserWarning, stacklevel=3)
@@ -431,9 +415,8 @@ def weigh_source(
     layer: int | None = DEFAULT_LAYER,
     inverted: bool = False,
 ) -> SourceWeights:
-    """Run the encoder once and weigh the source's bigrams by how template-like they are, and its tokens by how much
-    they are details: z of encoder layer `layer` (1 - z if `inverted`), per word given the tokenizer (`word_starts`).
-    With `layer=None` or without granularity heads, a uniform weight: every bigram weighs 1, every token 1 to keep."""
+    """Run the encoder once and weigh the source for the rules (`SourceWeights`) by z of encoder layer `layer` (1 - z
+    if `inverted`), per word given the tokenizer (`word_starts`); `layer=None` or no granularity heads: uniformly."""
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     read_z = model.config.granularity_mask != "none" and layer is not None
@@ -466,14 +449,14 @@ def weigh_source(
     )
 
 
-def rule_processors(source: SourceWeights, settings: ParaphraseSettings) -> LogitsProcessorList:
+def rule_processors(source: SourceWeights, settings: ParaphraseSettings, penalised=None) -> LogitsProcessorList:
     """The rules for a weighed source: with novelty above 0, `novelty * MAX_PENALTY` times each source bigram's weight
-    off its second token and, unless `allow_copy`, the copy rule; with keep_details above 0, `keep_details *
-    MAX_BONUS` times each source token's weight to keep towards it."""
+    off its second token (or the n-grams and penalties `penalised` gives) and, unless `allow_copy`, the copy rule;
+    with keep_details above 0, `keep_details * MAX_BONUS` times each source token's weight to keep towards it."""
     processors = LogitsProcessorList()
     if settings.novelty:
-        penalties = settings.novelty * MAX_PENALTY * source.weights
-        processors.append(SourceNgramPenaltyLogitsProcessor(source.ngrams, penalties))
+        ngrams, penalties = penalised or (source.ngrams, settings.novelty * MAX_PENALTY * source.weights)
+        processors.append(SourceNgramPenaltyLogitsProcessor(ngrams, penalties))
         if not settings.allow_copy:
             processors.append(
                 NoCopyLogitsProcessor(source.input_ids, source.attention_mask, source.special_ids, source.eos_ids)
@@ -539,12 +522,12 @@ def rule_means(processor: LogitsProcessor, sequences: torch.Tensor, vocab_size: 
 
 def score_candidates(model, source: SourceWeights, sequences, novelty: float, keep_details: float):
     """(score, log_likelihood, source_overlap, details_kept) of each row of `sequences` (input-major, as many rows
-    per input): what the beam search with both rules maximises, each rule written once (`rule_means`),
+    per input): what the beam search with both rules maximises,
 
         score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept
 
-    with log_likelihood the mean log p(y_t | y_<t, x) over the candidate's tokens (end token included),
-    teacher-forced, and source_overlap and details_kept the mean amounts the two processors, unscaled, give them."""
+    with `log_likelihoods`' and, each rule written once, the mean amounts the two processors, unscaled, give the
+    candidate's tokens (`rule_means`)."""
     rows, ends = source.inputs_of(sequences), source.eos_ids
     states = source.encoder_outputs.last_hidden_state[rows]
     likelihood = log_likelihoods(model, source.input_ids[rows], states, source.attention_mask[rows], sequences, ends)
@@ -572,10 +555,9 @@ def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongT
 
 
 def ranking_parts(model, tokenizer, source: SourceWeights, sequences, settings: ParaphraseSettings) -> dict:
-    """Each candidate's (rows of `sequences`) score and its parts (`score_candidates`), and the parts of
-    `RANKING_PARTS` that the ranking weighs: log p(x | y) (`reverse_log_likelihoods`), the cosine of sentence
-    embeddings (`settings.similarity`, on the decoded texts: the embedder has its own tokenizer) and 1 -
-    source_overlap (what iBLEU charges, the source's wording)."""
+    """Each candidate's score and its parts (`score_candidates`), and the parts of `RANKING_PARTS` that the ranking
+    weighs: `reverse_log_likelihoods`, `settings.similarity` of the decoded texts (the embedder has its own
+    tokenizer) and 1 - source_overlap (what iBLEU charges, the source's wording)."""
     score, likelihood, overlap, kept = score_candidates(
         model, source, sequences, settings.novelty, settings.keep_details
     )
@@ -707,15 +689,12 @@ def checked_call(model, tokenizer, settings, generation_config, kwargs: dict) ->
 
 
 def search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs) -> tuple:
-    """`settings.candidates` rows per input (b * k, length), input-major, and which rows hold a candidate.
-
-    At novelty 0, the beams of the model's own search, in their order. Above, diverse beam search (Vijayakumar et al.,
-    2018) with its groups decoded in turn, on the standard beam search of transformers 4.57 and 5.x alike:
-    `settings.groups` searches, each with ceil(num_beams / groups) beams (all of them in one group: the search a call
-    for one paraphrase runs), and more while they hold fewer beams than the candidates asked for. Each runs under the
-    rules with the source n-gram penalty also covering the bigrams of the candidates chosen before
-    (`CandidateSelection.penalised_ngrams`); the best new beam of each search is chosen, the other new beams make up
-    the rest (`CandidateSelection`).
+    """`settings.candidates` rows per input (b * k, length), input-major, and which rows hold a candidate: at novelty
+    0, the beams of the model's own search, in their order. Above, diverse beam search (Vijayakumar et al., 2018) with
+    its groups decoded in turn, on the standard beam search of transformers 4.57 and 5.x alike: `settings.groups`
+    searches of ceil(num_beams / groups) beams each (one group: the search a call for one paraphrase runs), and more
+    while they hold fewer beams than the candidates asked for, each under the rules with the penalty also covering
+    the bigrams chosen before (`CandidateSelection.penalised_ngrams`), offering its beams to `CandidateSelection`.
     """
 
     def search(search_config: GenerationConfig, processors) -> torch.LongTensor:  # the model's own generate()
@@ -728,18 +707,16 @@ def search_candidates(model, tokenizer, source, settings, config, logits_process
             **model_kwargs,
         )
 
-    rules, device = rule_processors(source, settings), source.input_ids.device
     if not settings.novelty:  # the model's own sequences (with the pull towards the details)
         config.num_return_sequences = settings.candidates
-        sequences = search(config, rules)
-        return sequences, torch.ones(sequences.shape[0], dtype=torch.bool, device=device)
+        sequences = search(config, rule_processors(source, settings))
+        return sequences, torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
     group_config, selection = copy.deepcopy(config), CandidateSelection(source, settings, tokenizer)
     group_config.num_beams = max(1, math.ceil((config.num_beams or 1) / settings.groups))
     group_config.num_return_sequences = group_config.num_beams  # every beam: later ones stand in for a repeated one
-    others = [rule for rule in rules if not isinstance(rule, SourceNgramPenaltyLogitsProcessor)]
     for _ in range(max(settings.groups, math.ceil(settings.candidates / group_config.num_beams))):
-        penalty = SourceNgramPenaltyLogitsProcessor(*selection.penalised_ngrams())
-        selection.offer(search(group_config, [penalty, *others]), group_config.num_beams)
+        rules = rule_processors(source, settings, selection.penalised_ngrams())
+        selection.offer(search(group_config, rules), group_config.num_beams)
     return selection.fill(config.pad_token_id or 0)
 
 
@@ -782,8 +759,8 @@ def paraphrase(
     logits_processor: LogitsProcessorList | None = None,
     **kwargs,
 ) -> CDNPGParaphraseOutput:
-    """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules: per input
-    `num_return_sequences` distinct candidates, best first, with their scores.
+    """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules into
+    distinct candidates (`CDNPGParaphraseOutput`).
 
     settings: `ParaphraseSettings`, or its fields as keyword arguments (`ParaphraseSettings.from_generation_config`).
     tokenizer: tells where words start (None: every token is a word) and decodes the texts for a similarity ranking.

@@ -23,8 +23,7 @@ PARTS = {  # a candidate's keys: the fields of paraphrase()'s output they come f
     "similarity": "similarities",
 }
 SHOWN_CHARACTERS = 40  # of an input named in a warning
-# paraphrase()'s arguments, which make a call paraphrase()'s unless None (num_return_sequences is generate()'s too)
-PARAPHRASING = tuple(key for key in (*SETTINGS, *Z_SETTINGS) if key != "num_return_sequences")
+PARAPHRASING = tuple(key for key in (*SETTINGS, *Z_SETTINGS) if key != "num_return_sequences")  # not generate()'s
 
 
 class FewerCandidatesWarning(UserWarning):
@@ -56,8 +55,7 @@ def input_limit(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, str]:
 
 
 def truncated(tokens: int, limit: int, reason: str) -> str | None:
-    """What is said of an input of `tokens` tokens (specials included) that the model cannot take whole, or None:
-    it is truncated to its first `limit` tokens (`input_limit`), and decoding goes on."""
+    """The warning for an input of `tokens` tokens (specials included) over `limit` (`input_limit`), or None."""
     cut = f"has {tokens} tokens, more than the model takes: truncated to its first {limit} tokens ({reason})"
     return cut if tokens > limit else None
 
@@ -75,7 +73,6 @@ class CDNPGText2TextPipeline(Pipeline):
     _pipeline_calls_generate = True  # 5.x: lets the pipeline own a generation config; ignored by 4.57
 
     def __call__(self, inputs, input_numbers=None, **kwargs):
-        """`Pipeline.__call__`, with the inputs checked first (the class docstring)."""
         texts = [inputs] if isinstance(inputs, str) else inputs
         if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
             return super().__call__(inputs, **kwargs)  # a generator or a dataset: streamed as is
@@ -93,11 +90,10 @@ class CDNPGText2TextPipeline(Pipeline):
         return results[0] if isinstance(inputs, str) else results
 
     def _sanitize_parameters(self, truncation: bool | None = None, clean_up_tokenization_spaces=None, **generate):
-        preprocess_params = {} if truncation is None else {"truncation": truncation}
-        postprocess_params = {}
-        if clean_up_tokenization_spaces is not None:
-            postprocess_params["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
-        return preprocess_params, generate, postprocess_params
+        def given(**params) -> dict:  # those not None
+            return {key: value for key, value in params.items() if value is not None}
+
+        return given(truncation=truncation), generate, given(clean_up_tokenization_spaces=clean_up_tokenization_spaces)
 
     def preprocess(self, text: str, truncation: bool = True) -> dict[str, torch.Tensor]:
         if not isinstance(text, str):
@@ -107,22 +103,19 @@ class CDNPGText2TextPipeline(Pipeline):
         return {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
 
     def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs) -> dict[str, torch.Tensor]:
-        batch_size = model_inputs["input_ids"].shape[0]
+        def per_input(rows: torch.Tensor) -> torch.Tensor:  # (b * n, ...) -> (b, n, ...): batched as the inputs
+            return rows.reshape(model_inputs["input_ids"].shape[0], -1, *rows.shape[1:])
+
         settings = {key: value for key in PARAPHRASING if (value := generate_kwargs.pop(key, None)) is not None}
         config = generate_kwargs.get("generation_config") or self.model.generation_config
         if not settings and all(getattr(config, key, None) is None for key in CONFIGURED):  # the model's own
             wanted = generate_kwargs.get("num_return_sequences", config.num_return_sequences)
-            output_ids = self.model.generate(
-                **model_inputs, **enough_beams(config, generate_kwargs, wanted or 1, "num_return_sequences")
-            )
-            return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1])}
+            generate_kwargs = enough_beams(config, generate_kwargs, wanted or 1, "num_return_sequences")
+            return {"output_ids": per_input(self.model.generate(**model_inputs, **generate_kwargs))}
         outputs = paraphrase(self.model, self.tokenizer, model_inputs, **settings, **generate_kwargs)
-        parts = {key: getattr(outputs, name) for key, name in PARTS.items() if getattr(outputs, name) is not None}
-        return {
-            "output_ids": outputs.sequences.reshape(batch_size, -1, outputs.sequences.shape[-1]),
-            "input_ids": model_inputs["input_ids"],  # named in the warning of fewer candidates than asked
-            **{key: part.reshape(batch_size, -1) for key, part in parts.items()},  # (b, n) each: batched as the rest
-        }
+        parts = {key: per_input(part) for key, name in PARTS.items() if (part := getattr(outputs, name)) is not None}
+        # the input_ids are named in the warning of fewer candidates than asked
+        return {"output_ids": per_input(outputs.sequences), "input_ids": model_inputs["input_ids"], **parts}
 
     def postprocess(self, model_outputs: dict[str, torch.Tensor], clean_up_tokenization_spaces: bool = True):
         parts = {key: model_outputs[key][0].tolist() for key in PARTS if key in model_outputs}
