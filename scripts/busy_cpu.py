@@ -20,8 +20,9 @@ import torch
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
 
 
-def train_seconds(steps: int, threads: str | None, output: Path, extra: list[str]) -> float:
-    """train_runtime of `steps` steps, with OMP_NUM_THREADS=`threads` (None: unset, run.py chooses)."""
+def train_seconds(steps: int, threads: str | None, output: Path, extra: list[str]) -> tuple[float, str]:
+    """train_runtime of `steps` steps, with OMP_NUM_THREADS=`threads` (None: unset, run.py chooses), and the line in
+    which run.py says it trains on fewer threads, if it does."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env |= {} if threads is None else {"OMP_NUM_THREADS": threads}
     command = [sys.executable, "training/run.py", "training/configs/template_cpu.yaml", "--max_steps", str(steps),
@@ -30,7 +31,8 @@ def train_seconds(steps: int, threads: str | None, output: Path, extra: list[str
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"busy_cpu: training/run.py failed:\n{done.stderr[-3000:]}")
-    return json.loads((output / "train_results.json").read_text())["train_runtime"]
+    said = [line for line in done.stderr.splitlines() if "busy with other processes" in line]
+    return json.loads((output / "train_results.json").read_text())["train_runtime"], " ".join(said)
 
 
 def main() -> None:
@@ -49,8 +51,9 @@ def main() -> None:
             loop = subprocess.Popen(BUSY_LOOP) if load == "busy" else None
             try:
                 for arm, threads in arms.items():
-                    times[load, arm].append(train_seconds(args.steps, threads, work / "run", tokenizer))
-                    print(f"round {round_ + 1} {load:4} {arm:22} {times[load, arm][-1]:6.1f} s", flush=True)
+                    seconds, said = train_seconds(args.steps, threads, work / "run", tokenizer)
+                    times[load, arm].append(seconds)
+                    print(f"round {round_ + 1} {load:4} {arm:22} {seconds:6.1f} s {said}", flush=True)
             finally:
                 if loop:
                     loop.kill()
