@@ -4,13 +4,19 @@
 # from a wheel install (.venv-wheel). Arguments are passed to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test
-
-# transformers 4.57.x beside the current 5.x: checkpoints saved here must load there with trust_remote_code
 PYTHON="${PYTHON:-python3}"
-[ -x .venv-compat/bin/python ] || "$PYTHON" -m venv .venv-compat
-.venv-compat/bin/python -m pip install --quiet --upgrade pip
-.venv-compat/bin/python -m pip install --quiet torch==2.13.0 "transformers==4.57.*" safetensors
+
+# transformers 4.57.x beside the current 5.x: checkpoints saved here must load there with trust_remote_code. It builds
+# nothing in the checkout, so it installs while .venv does.
+compat() {
+  [ -x .venv-compat/bin/python ] || "$PYTHON" -m venv .venv-compat
+  .venv-compat/bin/python -m pip install --quiet --upgrade pip
+  .venv-compat/bin/python -m pip install --quiet torch==2.13.0 "transformers==4.57.*" safetensors
+}
+compat &
+compat_pid=$!
+bash scripts/setup.sh test
+wait "$compat_pid"
 
 # a non-editable install with the train extras (and WordNet): tests/test_training.py builds a wheel of the checkout,
 # installs it there and runs training/run.py from another directory, as a user of `pip install .[train]` would

@@ -110,6 +110,9 @@ def tokenizer_dir(tmp_path_factory) -> str:
 # ------------------------------------------------------------------------------------------------------------------
 
 PARAPHRASER_STEPS = 250  # the training loss falls from 6 to about 0.1: fluent template paraphrases, seconds per mask
+# the other kinds' schedule: their parity tests need a prefix-dependent model, which the same loss (about 0.25) gives
+# in fewer steps; the ranking and novelty tests read the resonance paraphraser, whose beams need the longer training
+QUICK_PARAPHRASER = {"steps": 150, "learning_rate": 6e-3}
 PARAPHRASER_SEEDS = (0, 1, 2, 3)  # tried in turn until one trains a model that the decoding tests can rely on
 SOURCES = [
     "how can i get from paris to rome by train ?",
@@ -151,7 +154,12 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 
 def train_tiny_paraphraser(
-    tokenizer, granularity_mask: str, steps: int = PARAPHRASER_STEPS, seed: int = 0, **overrides
+    tokenizer,
+    granularity_mask: str,
+    steps: int = PARAPHRASER_STEPS,
+    seed: int = 0,
+    learning_rate: float = 3e-3,
+    **overrides,
 ) -> CDNPGForConditionalGeneration:
     """A d 64 C-DNPG trained on 256 template-corpus pairs. A random tiny model repeats one token whatever it sees, so a
     decoder that lost its prefix (a dropped cache) decodes the same; this one writes a different word at each step,
@@ -165,7 +173,7 @@ def train_tiny_paraphraser(
         sizes = dict(d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.0, attention_dropout=0.0)
         config = tiny_config(**model_token_ids(tokenizer), **sizes, granularity_mask=granularity_mask, **overrides)
         model = CDNPGForConditionalGeneration(config)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
         batches = torch.Generator().manual_seed(seed)
         for _ in range(steps):
             rows = torch.randint(0, len(corpus), (32,), generator=batches)
@@ -256,7 +264,9 @@ def paraphrasers(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
         with FileLock(folder / f"{kind}.lock"):
             if not done.exists():
                 mask, gate = kinds[kind]
-                save_checkpoint(trained_paraphraser(tokenizer, mask, copy_mechanism=gate), tokenizer, checkpoint)
+                schedule = {} if kind == "resonance" else QUICK_PARAPHRASER
+                model = trained_paraphraser(tokenizer, mask, copy_mechanism=gate, **schedule)
+                save_checkpoint(model, tokenizer, checkpoint)
                 done.touch()
         checkpoints[kind] = checkpoint
     return {kind: checkpoints[kind] for kind in kinds}
