@@ -10,6 +10,7 @@ torch state it reads. Each is checked after training for what the decoding tests
 seed when it lacks it (`trained_paraphraser`).
 """
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -26,6 +27,7 @@ from pathlib import Path
 # transformers reads the location once, at import, so it is set before anything imports it.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix=f"cdnpg-modules-{os.environ['PYTEST_XDIST_WORKER']}-")
+    atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], ignore_errors=True)
 
 import pytest
 import torch
