@@ -21,6 +21,15 @@ TEXT2TEXT_PIPELINE = {
 }
 
 
+CHOICES = {  # the values these fields take
+    "granularity_mask": GRANULARITY_MASKS,
+    "granularity_mask_mode": GRANULARITY_MASK_MODES,
+    "copy_mechanism": COPY_MECHANISMS,
+    "compile_granularity_masks": (None, True, False),
+}
+INTEGER_MINIMUMS = {"max_position_embeddings": 2, "position_offset": 0} | dict.fromkeys(
+    ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim"), 1
+)
 BERT_SPECIAL_TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102, "decoder_start_token_id": 101}
 
 
@@ -33,53 +42,45 @@ class CDNPGConfig(PretrainedConfig):
         max_position_embeddings, position_offset (`int`, defaults to 512 and 0):
             Number of learned positions (the paper truncates sentences to 20 tokens); the row that position 0 reads.
         scale_embedding, layernorm_embedding (`bool`, defaults to `False`):
-            Multiply token embeddings by sqrt(d_model) (BART); a LayerNorm over token + position embeddings at the
-            bottom of each stack (BART, BERT). Neither is in eq. 3.
-        d_model (`int`, defaults to 450):
-            Hidden size of every layer (Section 4.2: "hidden size 450").
-        encoder_layers, decoder_layers (`int`, defaults to 3):
-            Number of encoder blocks (eq. 3) and decoder blocks (eq. 10) (Section 4.2: 3 layers).
+            Token embeddings times sqrt(d_model) (BART); a LayerNorm over token + position embeddings (BART, BERT).
+        d_model, encoder_layers, decoder_layers (`int`, defaults to 450, 3 and 3):
+            Hidden size, and the number of encoder blocks (eq. 3) and decoder blocks (eq. 10) (Section 4.2).
         encoder_attention_heads, decoder_attention_heads (`int`, defaults to 9):
-            Heads of each encoder and decoder attention (Section 4.2: 9 heads). Must divide `d_model`.
+            Heads of each encoder and decoder attention (Section 4.2). Must divide `d_model`.
         encoder_ffn_dim, decoder_ffn_dim (`int`, defaults to 1024):
-            Inner size of the feed-forward blocks (eqs. 3 and 10; 1024 in the released code).
-        activation_function (`str`, defaults to `"relu"`):
-            Feed-forward non-linearity (the Transformer FFN of eq. 3).
-        layer_norm_eps (`float`, defaults to 1e-5):
-            Epsilon of every LayerNorm (BERT checkpoints use 1e-12).
-        dropout, attention_dropout (`float`, defaults to 0.1):
-            Dropout on embeddings and every residual branch; on the (granularity-adjusted) attention of eq. 9.
-        activation_dropout (`float`, *optional*):
-            Dropout after the feed-forward non-linearity; `None` (the default): `dropout` (BERT's is 0).
+            Inner size of the feed-forward blocks (1024 in the released code).
+        activation_function (`str`, defaults to `"relu"`), layer_norm_eps (`float`, defaults to 1e-5):
+            The feed-forward non-linearity; every LayerNorm's epsilon (BERT checkpoints use 1e-12).
+        dropout, attention_dropout (`float`, defaults to 0.1), activation_dropout (`float`, *optional*):
+            Dropout on embeddings and every residual branch; on the attention weights of eq. 9; after the
+            feed-forward non-linearity (`None`: `dropout`; BERT's is 0).
         granularity_mask (`str`, defaults to `"resonance"`):
-            Which mask adjusts encoder and decoder self-attention (eq. 9; Table 4's ablation): `"resonance"` (C, eq. 6;
-            the paper's C-DNPG (R)), `"scope"` (S, eq. 8), `"product"` (C ⊙ S), `"mean"` ((C + S) / 2) or `"none"` (a
+            The mask M of encoder and decoder self-attention (eq. 9; Table 4's ablation): `"resonance"` (C, eq. 6, the
+            paper's C-DNPG (R)), `"scope"` (S, eq. 8), `"product"` (C ⊙ S), `"mean"` ((C + S) / 2) or `"none"` (a
             plain Transformer, the paper's baseline: no granularity heads).
         granularity_mask_mode (`str`, defaults to `"log_bias"`):
-            How the mask adjusts attention (eq. 9): `"log_bias"` adds log(M) to the logits (the released
-            code's renormalised product; M ≤ 1e-32 gets a weight of exactly 0); `"multiply"` multiplies the softmax output (the literal eq. 9).
+            `"log_bias"` adds log(M) to the attention logits (the released code's renormalised product; M ≤ 1e-32
+            gives a weight of exactly 0); `"multiply"` multiplies the softmax output by M (the literal eq. 9).
         scope_epsilon (`float`, defaults to 2.0):
-            The window ε of the scope mask (eq. 7 and 8): a phrase-level token (z = 1) sees neighbours within ε.
+            The window ε of the scope mask (eqs. 7 and 8): a phrase-level token (z = 1) sees neighbours within ε.
         cross_attention_granularity (`bool`, defaults to `True`):
-            Whether cross-attention gets the resonance mask (eq. 6), as in the released code. Needs a GA mask.
+            Cross-attention gets the resonance mask (eq. 6), as in the released code. Needs a GA mask.
         compile_granularity_masks (`bool`, *optional*):
-            Run the granularity mask of eqs. 4-9 and the copy formulas compiled alone by `torch.compile` (same values
-            and gradients, fewer kernels); `None` (the default): on CUDA only. Falls back to eager after one warning.
+            Run the mask of eqs. 4-9 and the copy formulas compiled alone by `torch.compile` (same values and
+            gradients, fewer kernels); `None` (the default): on CUDA only. Falls back to eager after one warning.
         lm_head_transform (`bool`, defaults to `False`):
-            BERT's masked-LM prediction head (dense, activation, LayerNorm, vocabulary bias) before the tied output
-            projection; not in the paper, it speeds up a warm start from BERT.
-        copy_mechanism (`str`, *optional*):
-            A pointer over the source tokens, P(y) = (1 - ρ) P_gen(y) + ρ P_copy(y) (the Transformer+Copy baseline of
-            Table 2; See et al. 2017): `"learned"` (ρ from the decoder state and the copy context) or `"granularity"`
-            (copy attention weighted by the source's z, ρ = z of the decoder position). `None` (the default): none.
-        copy_excluded_token_ids (`list[int]`, *optional*):
-            Token ids the copy never points at (frequent template words, special tokens).
+            BERT's masked-LM head (dense, activation, LayerNorm, vocabulary bias) before the tied output projection;
+            not in the paper, it speeds up a warm start from BERT.
+        copy_mechanism (`str`, *optional*), copy_excluded_token_ids (`list[int]`, *optional*):
+            A pointer over the source tokens, P(y) = (1 - ρ) P_gen(y) + ρ P_copy(y) (Table 2's Transformer+Copy; See
+            et al. 2017): `"learned"` (ρ from the decoder state and the copy context) or `"granularity"` (copy
+            attention weighted by the source's z, ρ = z of the decoder position); `None`: none. The copy never
+            points at the excluded ids.
         initializer_range (`float`, defaults to 0.02):
             Standard deviation of the normal initialisation of all weight matrices and embeddings.
-        use_cache (`bool`, defaults to `True`):
-            Whether the decoder returns its key/value (and granularity) cache for incremental decoding.
-        tie_word_embeddings (`bool`, defaults to `True`):
-            One embedding matrix for the encoder's input, the decoder's input and the LM head (Section 4.2).
+        use_cache, tie_word_embeddings (`bool`, defaults to `True`):
+            The decoder returns its cache for incremental decoding; one embedding matrix for the encoder's input, the
+            decoder's input and the LM head (Section 4.2).
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, default 0, 101, 102, 101):
             bert-base-uncased's [PAD], [CLS], [SEP] and [CLS]: decoding starts at [CLS] and ends at [SEP].
     """
@@ -161,9 +162,7 @@ class CDNPGConfig(PretrainedConfig):
 
     def _validate(self) -> None:
         """Fail at construction, naming the field, rather than with a shape error deep inside a forward pass."""
-        choices = {"granularity_mask": GRANULARITY_MASKS, "granularity_mask_mode": GRANULARITY_MASK_MODES,
-                   "copy_mechanism": COPY_MECHANISMS, "compile_granularity_masks": (None, True, False)}  # fmt: skip
-        for name, allowed in choices.items():  # compared with their types: 1 is not True, nor "1" 1
+        for name, allowed in CHOICES.items():  # compared with their types: 1 is not True, nor "1" 1
             value = getattr(self, name)
             if (type(value), value) not in {(type(choice), choice) for choice in allowed}:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
@@ -182,9 +181,7 @@ class CDNPGConfig(PretrainedConfig):
                 raise ValueError(
                     f"copy_excluded_token_ids must be token ids in [0, vocab_size={self.vocab_size}), got {outside[:5]}"
                 )
-        minimums = {"vocab_size": 1, "d_model": 1, "encoder_layers": 1, "decoder_layers": 1, "encoder_ffn_dim": 1,
-                    "decoder_ffn_dim": 1, "max_position_embeddings": 2, "position_offset": 0}  # fmt: skip
-        for name, minimum in minimums.items():
+        for name, minimum in INTEGER_MINIMUMS.items():
             value = getattr(self, name)
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
