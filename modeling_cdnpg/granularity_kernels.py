@@ -1,18 +1,15 @@
-"""The faster ways C-DNPG runs its own formulas and attention: compiled alone (`fast`), attention heads zero-padded
-for SDPA's fused kernels on CUDA (`attention_with_aligned_heads`), flex attention adding the mask in its kernel.
+"""How C-DNPG runs its formulas fast, and the numerics they share: compiled alone (`fast`), attention heads zero-padded
+for SDPA's fused kernels on CUDA (`attention_with_aligned_heads`), flex attention adding the mask in its kernel; each
+formula in at least float32 (`upcast`), masks floored at `MASK_FLOOR` before the log. This file holds no formula.
 
-This file holds no formula. `fast(function, ...)` runs one of modeling_cdnpg.py's functions, the granularity bias of
-eqs. 4-9 (`granularity_bias`) or the copy mechanism's attention and mixture, compiled with `torch.compile` on its
-own: inductor fuses each elementwise formula into about one kernel forward and one backward, where eager PyTorch
-launches one kernel per operation. On a GPU the paper-size model is launch-bound, so this sets its step time.
-tests/test_fused_granularity.py checks the compiled functions against the eager ones in value and gradient.
+`fast` compiles modeling_cdnpg.py's `granularity_bias` (eqs. 4-9) and copy_cdnpg.py's attention and mixture, each
+alone: inductor fuses an elementwise formula into about one kernel forward and one backward, where eager PyTorch
+launches one per operation, and a paper-size model on a GPU is launch-bound. When (`config.compile_granularity_masks`):
+True always, False never, None (the default) on CUDA only: one CPU thread is arithmetic-bound, where the masks cost
+little either way and inductor's C++ compile would add minutes.
 
-When (`config.compile_granularity_masks`): True always, False never, None (the default) where the tensors are on
-CUDA. One CPU thread is arithmetic-bound, where the masks cost little either way and inductor's C++ compile would add
-minutes, so a CPU stays eager unless asked. Where compiling is unavailable or fails, the function runs eagerly, after
-one log line.
-
-Remote code: copied into every checkpoint beside modeling_cdnpg.py, which imports it. Imports torch and transformers.
+Remote code: copied into every checkpoint beside modeling_cdnpg.py and copy_cdnpg.py, which import it. Imports torch
+and transformers.
 """
 
 import functools
@@ -25,6 +22,7 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
+MASK_FLOOR = 1e-32  # smallest mask value before the log (released code): log(1e-32) ≈ -73.7, i.e. weight ~ 0
 COMPILED_BY_DEFAULT_ON = frozenset({"cuda"})  # devices where compile_granularity_masks=None compiles
 COMPILE_BACKEND = "inductor"  # torch.compile's; tests of the wiring, not of inductor, use dynamo's "eager" backends
 COMPILED_VARIANTS = 64  # variants each compiled function may compile, past dynamo's default limit of 8
@@ -33,6 +31,11 @@ COMPILED_VARIANTS = 64  # variants each compiled function may compile, past dyna
 # the heads are zero-padded to the next multiple; on a CPU the padding would only cost.
 HEAD_DIM_ALIGNMENT = 8
 PADDED_HEAD_DEVICES = frozenset({"cuda"})
+
+
+def upcast(tensor: torch.Tensor) -> torch.Tensor:
+    """At least float32: masks and probabilities built from z stay exact under bf16/fp16 (float64 stays float64)."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
 def compiles(setting: bool | None, device: torch.device) -> bool:
