@@ -84,15 +84,11 @@ def copy_distribution(
 
 
 class CopyMechanism(nn.Module):
-    """A pointer over the source tokens mixed with the vocabulary distribution (the paper's Transformer+Copy row of
-    Table 2; DNPG's eq. 8; See et al. 2017): P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj, α_t a one-head
-    attention of the decoder state over the encoder states. Returned as log-probabilities, which log_softmax leaves
-    unchanged, so the loss and every decoding mode read them as logits.
-
-    Gates (`config.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]), c_t the copy context; `granularity`, α
-    weighted by the source tokens' z and ρ_t = z of the decoder position, from the last cross-attention's granularity
-    head. `copy_excluded_token_ids` are never pointed at. The formulas run compiled where the masks do (`fast`).
-    """
+    """The copy distribution (`copy_distribution`) as log-probabilities, which log_softmax leaves unchanged, so the
+    loss and every decoding mode read them as logits. Gates (`config.copy_mechanism`):
+    `learned`, ρ_t = σ(w · [h_t; c_t]), c_t the copy context (α_t times the encoder states);
+    `granularity`, α weighted by the source tokens' z and ρ_t = z of the decoder position (last cross-attention's).
+    `copy_excluded_token_ids` are never pointed at."""
 
     def __init__(self, config: CDNPGConfig):
         super().__init__()

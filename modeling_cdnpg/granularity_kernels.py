@@ -39,8 +39,7 @@ def upcast(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def compiles(setting: bool | None, device: torch.device) -> bool:
-    """Whether the formulas run compiled, given `config.compile_granularity_masks`: True or False as set; None
-    (the default) on the devices of `COMPILED_BY_DEFAULT_ON` (CUDA) only."""
+    """Whether the formulas run compiled: `config.compile_granularity_masks`, None on `COMPILED_BY_DEFAULT_ON`."""
     return setting if setting is not None else device.type in COMPILED_BY_DEFAULT_ON
 
 
@@ -61,15 +60,12 @@ def compiled_alone(function: Callable, backend: str) -> "CompiledAlone":
 class CompiledAlone:
     """`function` compiled on its own with dynamic shapes, for an eager model: a new length compiles nothing; a new
     mask kind, dtype, grad mode or blocking does, once, and so does a size of 1, which dynamo specialises (one query
-    per decoding step, one source). One model needs about a dozen variants of the masks, past dynamo's default limit
-    of 8, beyond which it would run the formula uncompiled: so each function may compile `COMPILED_VARIANTS`, through
-    torch.compile's own `recompile_limit` where torch has it (2.13); older torch keeps its default. The process's
-    limit is never changed: other compiled functions (flex attention's, say) keep the one their user set.
+    per decoding step). One model needs about a dozen variants, past dynamo's default limit of 8: each function may
+    compile `COMPILED_VARIANTS`, through torch.compile's own `recompile_limit` where torch has it (2.13), never by
+    changing the process's limit, which other compiled functions keep.
 
-    Where torch.compile is unavailable or compiling fails (no Triton, no C++ compiler, an unsupported Python), the
-    call runs `function` eagerly, and so does every later call of every compiled function in the process, after one
-    warning naming the error. The error of a call that fails eagerly as well is that call's own, and is raised.
-    """
+    Where compiling fails (no Triton, no C++ compiler, an unsupported Python), this call and every later call of every
+    compiled function in the process run eagerly, after one warning; a call that fails eagerly too raises its error."""
 
     failed = False  # set by the first failure, for the whole process: compiling does not work here
 
@@ -109,9 +105,9 @@ def padded_heads(
 
 
 def attention_with_aligned_heads(attention: Callable, head_dim: int, device: torch.device) -> Callable:
-    """SDPA's attention function (transformers' signature) run on `padded_heads` where the device is one of
-    `PADDED_HEAD_DEVICES` and head_dim is not aligned, so that SDPA may choose its memory-efficient kernel, which
-    takes GA's bias and returns its gradient; `attention` itself elsewhere."""
+    """SDPA's `attention` run on `padded_heads` on `PADDED_HEAD_DEVICES` where head_dim is not aligned, so that SDPA
+    may choose its memory-efficient kernel (which takes GA's bias and returns its gradient); itself elsewhere."""
+
     if device.type not in PADDED_HEAD_DEVICES or head_dim % HEAD_DIM_ALIGNMENT == 0:
         return attention
     return padded(attention)
@@ -140,11 +136,9 @@ def flex_attention_forward(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """Flex attention (transformers' attention-function signature) adding the mask (b, 1, i, j) to each score inside
-    its kernel. transformers' own function reads the mask as mask[b][0][q][kv], which torch 2.13's inductor compiles
-    for a CPU into out-of-bounds accesses (a corrupted heap); read as mask[b, 0, q, kv] it is exact. Returns the
-    output (b, i, h, d).
-    """
+    """Flex attention (transformers' attention-function signature) adding the mask to each score inside its kernel,
+    -> output (b, i, h, d). transformers' own function reads the mask as mask[b][0][q][kv], which torch 2.13's inductor
+    compiles for a CPU into out-of-bounds accesses (a corrupted heap); read as mask[b, 0, q, kv] it is exact."""
     if dropout > 0:
         raise ValueError(
             "flex_attention has no attention dropout: train with 'sdpa' or 'eager', or set attention_dropout=0."

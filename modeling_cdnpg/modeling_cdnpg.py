@@ -17,19 +17,18 @@ Deliberate differences from the released code, each covered by a test:
 - Masks are computed in fp32 and enter attention as the finite bias log(M) ("log_bias" mode, the released code's
   renormalised product), so every backend that takes an additive mask runs GA-attention (eager, SDPA, flex
   attention). The literal eq. 9 ("multiply" mode) runs eager.
-- Where M ≤ 1e-32 the weight is exactly 0 (bias -1e4), where the released code's log(1e-32) leaves ~1e-32, whose
-  backward products are subnormal floats (several times slower on a CPU).
+- Where M ≤ 1e-32 the weight is exactly 0 (bias -1e4), not the released code's ~1e-32 (log(1e-32)), whose backward
+  products are subnormal floats (several times slower on a CPU).
 - Decoding is incremental with transformers' caches; the granularity logits W_G h of the cached tokens are kept
   beside keys and values (`GranularityCache`).
 
 The paper-named functions (`resonance_mask`, `scope_mask`, `granularity_mask`) are the specification;
-`granularity_bias` turns them into attention's additive mask, compiled alone where `config.compile_granularity_masks`
-says. A training or cached decoding step reads no tensor on the host (only `token_type_ids`, when given).
+`granularity_bias` turns them into attention's additive mask. The copy mechanism (`config.copy_mechanism`) is in
+copy_cdnpg.py. A training or cached decoding step reads no tensor on the host (only `token_type_ids`, when given).
 
 Shape legend: b batch, h heads, i query positions, j key positions, d model width.
-Supported: transformers 4.57.x and 5.x. This file is copied into every saved checkpoint (remote code), so it imports
-only torch, transformers (and safetensors, which transformers requires) and its sibling files.
-"""
+Supported: transformers 4.57.x and 5.x. Remote code (copied into every saved checkpoint): imports only torch,
+transformers (and safetensors, which transformers requires) and its sibling files."""
 
 import functools
 import math
@@ -67,9 +66,7 @@ if TYPE_CHECKING:  # never imported here, but transformers copies a model's rela
 
 logger = logging.get_logger(__name__)
 
-# The bias of a mask value at or below MASK_FLOOR: its softmax weight is exactly 0, as A ⊙ M gives, where a weight of
-# ~1e-32 would make the backward's products subnormal (on a CPU, several times slower matrix products)
-ZERO_MASK_BIAS = -1e4
+ZERO_MASK_BIAS = -1e4  # the bias where M ≤ MASK_FLOOR: a weight of exactly 0 (see the module docstring)
 # The arguments of generation_cdnpg.paraphrase() that generate() refuses by name, pointing there
 PARAPHRASE_ARGUMENTS = frozenset(
     {"novelty", "keep_details", "allow_copy", "rank_by", "novelty_z_layer", "novelty_z_inverted"}
@@ -118,18 +115,13 @@ class Transformers457Methods:
         return self.encoder if hasattr(self, "encoder") else self.model.encoder
 
     def _tie_weights(self) -> None:
-        """4.57 ties the embeddings through this hook on every module; 5.x reads `_tied_weights_keys`. The config
-        flag decides both."""
+        """4.57 ties the embeddings through this hook, 5.x reads `_tied_weights_keys`; the config flag decides both."""
         if isinstance(getattr(self, "shared", None), nn.Embedding) and self.config.tie_word_embeddings:
             self.encoder.embed_tokens = self.decoder.embed_tokens = self.shared
 
 
-# --- end of the version shims ---
-
-
 def forward_with_cache(forward: Callable) -> Callable:
-    """A forward that takes and returns the cache: under either name (`takes_cache_by_either_name`), and as a tuple
-    where `return_dict=False` (transformers' `can_return_tuple`)."""
+    """`takes_cache_by_either_name`, returning a tuple where `return_dict=False` (transformers' `can_return_tuple`)."""
     return can_return_tuple(takes_cache_by_either_name(forward))
 
 
@@ -151,20 +143,15 @@ class GranularityHead(nn.Module):
 
 def resonance_mask(z_i: torch.Tensor, z_j: torch.Tensor) -> torch.Tensor:
     """Eq. 6, C_ij, the continuous relaxation of eq. 5 (C_ij = 1 iff z_i = z_j): template tokens (z_i ≈ 0) attend to
-    template tokens, detail tokens (z_i ≈ 1) to tokens at least as detailed as themselves.
-
-    Elementwise, as the paper writes it: z_i (b, i, 1) and z_j (b, 1, j) broadcast to C (b, i, j).
-    """
+    template tokens, detail tokens (z_i ≈ 1) to tokens at least as detailed as themselves. Elementwise, as the paper
+    writes it: z_i (b, i, 1) and z_j (b, 1, j) broadcast to C (b, i, j)."""
     return (1 - z_i) * (1 - (z_i + z_j)).clamp(min=0) + z_i * (1 - z_i + z_j).clamp(max=1)
 
 
 def scope_mask(z_i: torch.Tensor, length: torch.Tensor, distance: torch.Tensor, epsilon: float) -> torch.Tensor:
     """Eq. 8, S_ij, the continuous relaxation of eq. 7: a template token (z_i = 0) sees all N visible tokens, a detail
-    token (z_i = 1) only its neighbours within epsilon.
-
-    Elementwise: z_i and N (the number of keys query i can see) (b, i, 1), distance |i - j| (i, j) -> S (b, i, j).
-    (N - eps) is clamped at the smallest positive float: eq. 8 is undefined for N < eps, and the power's gradient
-    stays finite."""
+    token (z_i = 1) only its neighbours within epsilon. Elementwise: z_i and N (b, i, 1), |i - j| (i, j) -> S (b, i, j).
+    (N - eps) is clamped at the smallest positive float, where the power's gradient stays finite."""
     width = (length - epsilon).clamp(min=torch.finfo(torch.float32).tiny).pow(1 - z_i) + epsilon
     return (width - distance).clamp(min=0, max=1)
 
@@ -205,8 +192,8 @@ class AttentionLayout:
 
     def padding_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
         """The additive mask of plain attention (b or 1, 1, i or 1, j): 0 where a key is visible, the dtype's minimum
-        (not -inf: a fully masked row stays finite) where not; None where every key is visible or SDPA is told
-        `is_causal`. Built once per stack."""
+        (not -inf: a fully masked row stays finite) where `blocked_keys`; None where every key is visible or SDPA is
+        told `is_causal`."""
         if (self.key_padding is None and not self.causal) or self.takes_is_causal:
             return None
         if self.bias is None or self.bias.dtype != dtype:
@@ -214,7 +201,7 @@ class AttentionLayout:
             if self.causal:
                 blocked = blocked_keys(self, self.key_count)
                 self.bias = torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, minimum)
-            else:
+            else:  # from the padding alone: one tensor filled, one masked
                 visible = self.key_padding[:, None, None, :]
                 self.bias = torch.full(visible.shape, minimum, dtype=dtype, device=device).masked_fill_(visible, 0.0)
         return self.bias
@@ -270,9 +257,8 @@ def granularity_bias(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """GA-attention's additive mask (b, 1, i, j) in `dtype`: log(M) of `layout_granularity_mask` where a key is visible
-    (`ZERO_MASK_BIAS` where M ≤ `MASK_FLOOR`), the dtype's minimum where it is blocked (`blocked_keys`). It computes
-    everything from the padding (b, j) and the positions, so that compiled (`granularity_kernels.fast`) it is one
-    kernel forward and one backward."""
+    (`ZERO_MASK_BIAS` where M ≤ `MASK_FLOOR`), the dtype's minimum where it is blocked (`blocked_keys`); built from the
+    padding (b, j) and the positions alone, so that compiled (`fast`) it is one kernel forward and one backward."""
     mask = layout_granularity_mask(kind, logits_query, logits_key, layout, epsilon)
     bias = torch.where(mask > MASK_FLOOR, mask.clamp(min=MASK_FLOOR).log(), ZERO_MASK_BIAS)[:, None].to(dtype)
     blocked = blocked_keys(layout, logits_key.shape[-1])
@@ -288,8 +274,7 @@ def attention_bias(
     epsilon: float = 0.0,
     compiled: bool | None = False,
 ) -> torch.Tensor | None:
-    """The additive mask an attention module hands its attention function: `granularity_bias` of `kind` (compiled
-    alone as `config.compile_granularity_masks` says), or for `kind="none"` the layout's padding bias alone."""
+    """The additive mask for the attention function: `granularity_bias` of `kind`, or for "none" the padding bias."""
     if kind == "none":
         return layout.padding_bias(dtype)
     bias = fast(granularity_bias, compiled, logits_query.device)
@@ -307,10 +292,10 @@ def eager_attention_forward(
     multiplier: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference attention (transformers' attention-function signature), the only path for the literal eq. 9:
-    `multiplier` (b, i, j) scales the softmax output without renormalising it.
-    query (b, h, i, d), key/value (b, h, j, d), attention_mask (b, 1, i, j) -> output (b, i, h, d), weights (b, h, i, j).
-    """
+    """Reference attention (transformers' attention-function signature), the only path for the literal eq. 9, whose
+    `multiplier` M (b, i, j) scales the softmax output without renormalising it. query (b, h, i, d), key and value
+    (b, h, j, d), attention_mask (b, 1, i, j) -> output (b, i, h, d), weights (b, h, i, j)."""
+
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask
@@ -341,17 +326,11 @@ def attention_function(implementation: str, head_dim: int, device: torch.device)
     return attention_with_aligned_heads(attention, head_dim, device) if implementation == "sdpa" else attention
 
 
-# --- The cache: transformers' key/value layout, plus the granularity logits of every cached token ---
-
-
 class GranularityCache(EncoderDecoderCache):
     """An `EncoderDecoderCache` that also keeps the granularity logits W_G h (eq. 4) of every cached decoder token
-    and of the encoder states (computed at the first step): the masks of a new query read z of all the keys it sees.
-
-    Keys and values keep transformers' layout (b, h, t, d_head). The logits live in two more caches of the same kinds
-    (dynamic, or static of the same lengths) as keys (b, 1, t, 1) beside empty values, and follow whatever generation
-    does to the cache. The model wraps any empty `EncoderDecoderCache` it is given (e.g. a static one).
-    """
+    and of the encoder states: the masks of a new query read z of all the keys it sees. Keys and values keep
+    transformers' layout (b, h, t, d_head); the logits live in two more caches of the same kinds (dynamic, or static
+    of the same lengths) as keys (b, 1, t, 1) beside empty values, and follow whatever generation does to the cache."""
 
     def __init__(
         self,
@@ -426,9 +405,6 @@ def cache_capacity(cache: EncoderDecoderCache) -> int | None:
     """The key length of a preallocated (static) self-attention cache, None for one that grows with each step."""
     layers = cache.self_attention_cache.layers
     return getattr(layers[0], "max_cache_len", None) if layers else None
-
-
-# --- Transformer blocks ---
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -578,9 +554,9 @@ class CDNPGDecoderLayer(CDNPGLayer):
     def __init__(self, config: CDNPGConfig, layer_idx: int):
         super().__init__()
         eps, heads = config.layer_norm_eps, config.decoder_attention_heads
-        cross_kind = (
-            "resonance" if config.cross_attention_granularity and config.granularity_mask != "none" else "none"
-        )
+        ga = config.granularity_mask != "none"
+        cross_kind = "resonance" if config.cross_attention_granularity and ga else "none"
+
         self.self_attn = CDNPGAttention(config, heads, layer_idx, config.granularity_mask)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
         self.encoder_attn = CDNPGAttention(config, heads, layer_idx, cross_kind, is_cross_attention=True)
@@ -603,9 +579,6 @@ class CDNPGDecoderLayer(CDNPGLayer):
         )
         hidden_states = self.encoder_attn_layer_norm(hidden_states + self.dropout(attn_output))
         return self.feed_forward(hidden_states), self_weights, cross_weights, self_z, cross_z
-
-
-# --- Outputs: the standard ones plus z of every layer (the paper's Figure 2) ---
 
 
 @dataclass
@@ -657,9 +630,6 @@ class CDNPGModelKwargs(TransformersKwargs, total=False):
     output_granularities: bool | None
 
 
-# --- Models ---
-
-
 class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
     config_class = CDNPGConfig
     base_model_prefix = "model"
@@ -674,11 +644,10 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
     _can_compile_fullgraph = True
 
     def set_attn_implementation(self, attn_implementation: str | dict, *args, **kwargs) -> None:
-        """`PreTrainedModel.set_attn_implementation`, refusing with the reason backends that would drop the
-        granularity term."""
-        for implementation in (
-            attn_implementation.values() if isinstance(attn_implementation, dict) else [attn_implementation]
-        ):
+        """`PreTrainedModel.set_attn_implementation`, refusing backends that would drop the granularity term."""
+
+        chosen = attn_implementation.values() if isinstance(attn_implementation, dict) else [attn_implementation]
+        for implementation in chosen:
             check_attention_backend(implementation)
         super().set_attn_implementation(attn_implementation, *args, **kwargs)
 
@@ -698,9 +667,8 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
 
 
 class CDNPGStack(CDNPGPreTrainedModel):
-    """What the encoder and the decoder share: token plus learned position embeddings (eq. 3; BART and BERT
-    checkpoints also scale the tokens and/or normalise the sum: `scale_embedding`, `layernorm_embedding`,
-    `position_offset`), then the layers in turn; the output flags a call leaves out are the config's."""
+    """What the encoder and the decoder share: token plus learned position embeddings (eq. 3; for BART and BERT
+    checkpoints `scale_embedding`, `layernorm_embedding`, `position_offset`), then the layers in turn."""
 
     is_decoder = False  # the decoder's layers are causal, cached and cross-attend
 
@@ -741,11 +709,9 @@ class CDNPGStack(CDNPGPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
             if self.embed_scale != 1.0:  # a multiplication by 1 would still launch a kernel, forward and backward
                 inputs_embeds = inputs_embeds * self.embed_scale
-        if isinstance(past_length, torch.Tensor):  # a static cache's length
-            positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
-        else:
-            positions = torch.arange(past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device)
+        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
         end = capacity if isinstance(past_length, torch.Tensor) else past_length + inputs_embeds.shape[1]
+
         if end is not None and end > self.config.max_position_embeddings:
             raise ValueError(
                 f"The {type(self).__name__.removeprefix('CDNPG').lower()} input reaches position {end - 1}, but the "
@@ -793,8 +759,7 @@ class CDNPGEncoder(CDNPGStack):
 
         token_type_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): accepted because
             BERT tokenizers return them; all 0 (C-DNPG has no segment embeddings: one sentence per input).
-        output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer.
-        """
+        output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer."""
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError(
@@ -802,7 +767,6 @@ class CDNPGEncoder(CDNPGStack):
                 "sentence per input (no text pairs)."
             )
         hidden_states, positions = self.embed(input_ids, inputs_embeds)
-        # N of eq. 8 is each sentence's own number of real tokens: batch composition never changes an output
         key_padding = attention_mask.bool() if attention_mask is not None else None  # no mask: SDPA gets none
         layout = AttentionLayout(key_padding, positions, hidden_states.shape[1], causal=False)
         hidden_states, all_hidden, (attentions, z) = self.run_layers(
@@ -840,8 +804,7 @@ class CDNPGDecoder(CDNPGStack):
         attention_mask (`torch.Tensor` of shape `(batch_size, target_length)`, *optional*): 1 for real decoder
             tokens, covering the cached and the new positions.
         cache (`EncoderDecoderCache`, *optional*): a cache to extend (also taken as `past_key_values`); an empty
-            transformers cache (dynamic or static) is wrapped into a `GranularityCache`, which the output returns.
-        """
+            transformers cache (dynamic or static) is wrapped into a `GranularityCache`, which the output returns."""
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a cache written inside recomputed layers would be written twice
@@ -946,8 +909,7 @@ class CDNPGModel(CDNPGPreTrainedModel):
         token_type_ids: see `CDNPGEncoder.forward`; ignored when `encoder_outputs` are given.
         output_granularities (`bool`, *optional*): return z (eq. 4) of every layer, e.g. to draw the paper's Figure 2.
         kwargs: `output_attentions` and `output_hidden_states` (passed to both stacks), and what transformers passes
-            every model (`PASSED_TO_EVERY_MODEL`); any other is refused (`refuse_unused`).
-        """
+            every model (`PASSED_TO_EVERY_MODEL`); any other is refused (`refuse_unused`)."""
         refuse_unused(kwargs, "CDNPGModel.forward")
         flags = {name: kwargs.get(name) for name in ("output_attentions", "output_hidden_states")}
         if attention_mask is not None:  # converted once for both stacks
@@ -1057,8 +1019,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
             decoder inputs are derived from them when not given.
         num_items_in_batch: the target tokens of the whole (accumulated, all-process) batch, as `Trainer` passes it:
             the loss is the token sum divided by it.
-        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), keyword-only, passed on as given.
-        """
+        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), keyword-only, passed on as given."""
         if labels is not None:
             kwargs["use_cache"] = False
             if kwargs.get("decoder_input_ids") is None and kwargs.get("decoder_inputs_embeds") is None:
@@ -1088,13 +1049,10 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         if labels is not None:
             if num_items_in_batch is None:  # the mean over real target tokens; 0, not NaN, when there are none
                 num_items_in_batch = (labels != -100).sum().clamp(min=1)
-            loss = (  # the copy mechanism's NLL is read at the labels from the returned log-probabilities
-                nll / num_items_in_batch
-                if nll is not None
-                else self.loss_function(
-                    logits, labels.contiguous(), self.config.vocab_size, num_items_in_batch=num_items_in_batch
-                )
-            )
+            if nll is not None:  # the copy mechanism's NLL, read at the labels from its log-probabilities
+                loss = nll / num_items_in_batch
+            else:
+                loss = self.loss_function(logits, labels.contiguous(), self.config.vocab_size, num_items_in_batch)
 
         # everything the bare model returns but its last hidden state, which the logits replace
         left_out = {"last_hidden_state"}
