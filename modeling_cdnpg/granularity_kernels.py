@@ -107,7 +107,6 @@ def padded_heads(
 def attention_with_aligned_heads(attention: Callable, head_dim: int, device: torch.device) -> Callable:
     """SDPA's `attention` run on `padded_heads` on `PADDED_HEAD_DEVICES` where head_dim is not aligned, so that SDPA
     may choose its memory-efficient kernel (which takes GA's bias and returns its gradient); itself elsewhere."""
-
     if device.type not in PADDED_HEAD_DEVICES or head_dim % HEAD_DIM_ALIGNMENT == 0:
         return attention
     return padded(attention)

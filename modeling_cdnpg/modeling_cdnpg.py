@@ -150,8 +150,8 @@ def resonance_mask(z_i: torch.Tensor, z_j: torch.Tensor) -> torch.Tensor:
 
 def scope_mask(z_i: torch.Tensor, length: torch.Tensor, distance: torch.Tensor, epsilon: float) -> torch.Tensor:
     """Eq. 8, S_ij, the continuous relaxation of eq. 7: a template token (z_i = 0) sees all N visible tokens, a detail
-    token (z_i = 1) only its neighbours within epsilon. Elementwise: z_i and N (b, i, 1), |i - j| (i, j) -> S (b, i, j).
-    (N - eps) is clamped at the smallest positive float, where the power's gradient stays finite."""
+    token (z_i = 1) only its neighbours within epsilon. Elementwise: z_i and N (b, i, 1), |i - j| (i, j) -> S
+    (b, i, j). (N - eps) is clamped at the smallest positive float, where the power's gradient stays finite."""
     width = (length - epsilon).clamp(min=torch.finfo(torch.float32).tiny).pow(1 - z_i) + epsilon
     return (width - distance).clamp(min=0, max=1)
 
@@ -295,7 +295,6 @@ def eager_attention_forward(
     """Reference attention (transformers' attention-function signature), the only path for the literal eq. 9, whose
     `multiplier` M (b, i, j) scales the softmax output without renormalising it. query (b, h, i, d), key and value
     (b, h, j, d), attention_mask (b, 1, i, j) -> output (b, i, h, d), weights (b, h, i, j)."""
-
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask
@@ -365,9 +364,9 @@ class GranularityCache(EncoderDecoderCache):
 
     @staticmethod
     def store(cache: Cache, logits: torch.Tensor, layer_idx: int, cache_kwargs: dict | None) -> torch.Tensor:
-        """Write logits (b, i) into layer `layer_idx` of `cache` (`granularity_logits_cache` or the cross one) as the
-        key of one head of width 1; return what the layer holds (b, j). A static layer of transformers 4.57 sizes its
-        values as its keys, so it keeps them twice."""
+        """Write logits (b, i) into layer `layer_idx` of a logit cache as the key of one head of width 1 -> what the
+        layer holds (b, j). A static layer of transformers 4.57 sizes its values as its keys: it keeps them twice."""
+
         logits = logits[:, None, :, None]
         static = layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], StaticLayer)
         kept, _ = cache.update(logits, logits if static else logits[..., :0], layer_idx, cache_kwargs)
@@ -556,7 +555,6 @@ class CDNPGDecoderLayer(CDNPGLayer):
         eps, heads = config.layer_norm_eps, config.decoder_attention_heads
         ga = config.granularity_mask != "none"
         cross_kind = "resonance" if config.cross_attention_granularity and ga else "none"
-
         self.self_attn = CDNPGAttention(config, heads, layer_idx, config.granularity_mask)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
         self.encoder_attn = CDNPGAttention(config, heads, layer_idx, cross_kind, is_cross_attention=True)
@@ -583,9 +581,8 @@ class CDNPGDecoderLayer(CDNPGLayer):
 
 @dataclass
 class CDNPGEncoderOutput(BaseModelOutput):
-    """`granularities`: z (b, s) of every encoder layer's self-attention, when `output_granularities=True`;
-    `source_ids` (b, s): the input ids, with a copy mechanism (which puts its probabilities on them), so that they
-    travel with the encoder states through `generate()`."""
+    """`granularities`: z (b, s) of every layer's self-attention (`output_granularities=True`); `source_ids` (b, s),
+    with a copy mechanism: the ids its probabilities go on, carried with the encoder states through `generate()`."""
 
     granularities: tuple[torch.FloatTensor, ...] | None = None
     source_ids: torch.LongTensor | None = None
@@ -645,7 +642,6 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
 
     def set_attn_implementation(self, attn_implementation: str | dict, *args, **kwargs) -> None:
         """`PreTrainedModel.set_attn_implementation`, refusing backends that would drop the granularity term."""
-
         chosen = attn_implementation.values() if isinstance(attn_implementation, dict) else [attn_implementation]
         for implementation in chosen:
             check_attention_backend(implementation)
@@ -711,7 +707,6 @@ class CDNPGStack(CDNPGPreTrainedModel):
                 inputs_embeds = inputs_embeds * self.embed_scale
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
         end = capacity if isinstance(past_length, torch.Tensor) else past_length + inputs_embeds.shape[1]
-
         if end is not None and end > self.config.max_position_embeddings:
             raise ValueError(
                 f"The {type(self).__name__.removeprefix('CDNPG').lower()} input reaches position {end - 1}, but the "
@@ -727,9 +722,9 @@ class CDNPGStack(CDNPGPreTrainedModel):
     def run_layers(
         self, hidden_states: torch.Tensor, *args, output_hidden_states: bool, **kwargs
     ) -> tuple[torch.Tensor, tuple | None, tuple]:
-        """Every layer in turn, the other arguments passed to each as given -> the last hidden states; with
-        `output_hidden_states` every layer's input and the last hidden states, else None; each further output of the
-        layers (attention weights, z) as a tuple over the layers, None where the layers return None."""
+        """Every layer in turn on the other arguments -> the last hidden states; every layer's input and the last
+        hidden states, or None without `output_hidden_states`; each further layer output (weights, z) per layer or
+        None."""
         all_hidden, per_layer = [hidden_states], []
         for layer in self.layers:
             hidden_states, *extras = layer(hidden_states, *args, **kwargs)
@@ -1092,7 +1087,6 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         backend. C-DNPG builds its own additive mask (padding plus the granularity term) from the 2-D one: keep it."""
         return attention_mask
 
-    # granularity-aware paraphrasing lives in generation_cdnpg.py: granularity_processors() and paraphrase()
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, refusing first the arguments of granularity-aware paraphrasing (which
         generate() does not take) with where they belong, and a number of sequences below one."""
