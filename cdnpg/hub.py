@@ -54,6 +54,7 @@ REMOTE_CODE_FILES = (
     "configuration_cdnpg.py",
     "modeling_cdnpg.py",
     "granularity_kernels.py",
+    "copy_cdnpg.py",
     "generation_cdnpg.py",
     "pipeline_cdnpg.py",
 )

@@ -1,18 +1,15 @@
-"""The faster ways C-DNPG runs its own formulas and attention: compiled alone (`fast`), attention heads zero-padded
-for SDPA's fused kernels on CUDA (`attention_with_aligned_heads`), flex attention adding the mask in its kernel.
+"""How C-DNPG runs its formulas fast, and the numerics they share: compiled alone (`fast`), attention heads zero-padded
+for SDPA's fused kernels on CUDA (`attention_with_aligned_heads`), flex attention adding the mask in its kernel; each
+formula in at least float32 (`upcast`), masks floored at `MASK_FLOOR` before the log. This file holds no formula.
 
-This file holds no formula. `fast(function, ...)` runs one of modeling_cdnpg.py's functions, the granularity bias of
-eqs. 4-9 (`granularity_bias`) or the copy mechanism's attention and mixture, compiled with `torch.compile` on its
-own: inductor fuses each elementwise formula into about one kernel forward and one backward, where eager PyTorch
-launches one kernel per operation. On a GPU the paper-size model is launch-bound, so this sets its step time.
-tests/test_fused_granularity.py checks the compiled functions against the eager ones in value and gradient.
+`fast` compiles modeling_cdnpg.py's `granularity_bias` (eqs. 4-9) and copy_cdnpg.py's attention and mixture, each
+alone: inductor fuses an elementwise formula into about one kernel forward and one backward, where eager PyTorch
+launches one per operation, and a paper-size model on a GPU is launch-bound. When (`config.compile_granularity_masks`):
+True always, False never, None (the default) on CUDA only: one CPU thread is arithmetic-bound, where the masks cost
+little either way and inductor's C++ compile would add minutes.
 
-When (`config.compile_granularity_masks`): True always, False never, None (the default) where the tensors are on
-CUDA. One CPU thread is arithmetic-bound, where the masks cost little either way and inductor's C++ compile would add
-minutes, so a CPU stays eager unless asked. Where compiling is unavailable or fails, the function runs eagerly, after
-one log line.
-
-Remote code: copied into every checkpoint beside modeling_cdnpg.py, which imports it. Imports torch and transformers.
+Remote code: copied into every checkpoint beside modeling_cdnpg.py and copy_cdnpg.py, which import it. Imports torch
+and transformers.
 """
 
 import functools
@@ -25,6 +22,7 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
+MASK_FLOOR = 1e-32  # smallest mask value before the log (released code): log(1e-32) ≈ -73.7, i.e. weight ~ 0
 COMPILED_BY_DEFAULT_ON = frozenset({"cuda"})  # devices where compile_granularity_masks=None compiles
 COMPILE_BACKEND = "inductor"  # torch.compile's; tests of the wiring, not of inductor, use dynamo's "eager" backends
 COMPILED_VARIANTS = 64  # variants each compiled function may compile, past dynamo's default limit of 8
@@ -35,9 +33,13 @@ HEAD_DIM_ALIGNMENT = 8
 PADDED_HEAD_DEVICES = frozenset({"cuda"})
 
 
+def upcast(tensor: torch.Tensor) -> torch.Tensor:
+    """At least float32: masks and probabilities built from z stay exact under bf16/fp16 (float64 stays float64)."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
 def compiles(setting: bool | None, device: torch.device) -> bool:
-    """Whether the formulas run compiled, given `config.compile_granularity_masks`: True or False as set; None
-    (the default) on the devices of `COMPILED_BY_DEFAULT_ON` (CUDA) only."""
+    """Whether the formulas run compiled: `config.compile_granularity_masks`, None on `COMPILED_BY_DEFAULT_ON`."""
     return setting if setting is not None else device.type in COMPILED_BY_DEFAULT_ON
 
 
@@ -58,15 +60,12 @@ def compiled_alone(function: Callable, backend: str) -> "CompiledAlone":
 class CompiledAlone:
     """`function` compiled on its own with dynamic shapes, for an eager model: a new length compiles nothing; a new
     mask kind, dtype, grad mode or blocking does, once, and so does a size of 1, which dynamo specialises (one query
-    per decoding step, one source). One model needs about a dozen variants of the masks, past dynamo's default limit
-    of 8, beyond which it would run the formula uncompiled: so each function may compile `COMPILED_VARIANTS`, through
-    torch.compile's own `recompile_limit` where torch has it (2.13); older torch keeps its default. The process's
-    limit is never changed: other compiled functions (flex attention's, say) keep the one their user set.
+    per decoding step). One model needs about a dozen variants, past dynamo's default limit of 8: each function may
+    compile `COMPILED_VARIANTS`, through torch.compile's own `recompile_limit` where torch has it (2.13), never by
+    changing the process's limit, which other compiled functions keep.
 
-    Where torch.compile is unavailable or compiling fails (no Triton, no C++ compiler, an unsupported Python), the
-    call runs `function` eagerly, and so does every later call of every compiled function in the process, after one
-    warning naming the error. The error of a call that fails eagerly as well is that call's own, and is raised.
-    """
+    Where compiling fails (no Triton, no C++ compiler, an unsupported Python), this call and every later call of every
+    compiled function in the process run eagerly, after one warning; a call that fails eagerly too raises its error."""
 
     failed = False  # set by the first failure, for the whole process: compiling does not work here
 
@@ -106,9 +105,8 @@ def padded_heads(
 
 
 def attention_with_aligned_heads(attention: Callable, head_dim: int, device: torch.device) -> Callable:
-    """SDPA's attention function (transformers' signature) run on `padded_heads` where the device is one of
-    `PADDED_HEAD_DEVICES` and head_dim is not aligned, so that SDPA may choose its memory-efficient kernel, which
-    takes GA's bias and returns its gradient; `attention` itself elsewhere."""
+    """SDPA's `attention` run on `padded_heads` on `PADDED_HEAD_DEVICES` where head_dim is not aligned, so that SDPA
+    may choose its memory-efficient kernel (which takes GA's bias and returns its gradient); itself elsewhere."""
     if device.type not in PADDED_HEAD_DEVICES or head_dim % HEAD_DIM_ALIGNMENT == 0:
         return attention
     return padded(attention)
@@ -137,11 +135,9 @@ def flex_attention_forward(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """Flex attention (transformers' attention-function signature) adding the mask (b, 1, i, j) to each score inside
-    its kernel. transformers' own function reads the mask as mask[b][0][q][kv], which torch 2.13's inductor compiles
-    for a CPU into out-of-bounds accesses (a corrupted heap); read as mask[b, 0, q, kv] it is exact. Returns the
-    output (b, i, h, d).
-    """
+    """Flex attention (transformers' attention-function signature) adding the mask to each score inside its kernel,
+    -> output (b, i, h, d). transformers' own function reads the mask as mask[b][0][q][kv], which torch 2.13's inductor
+    compiles for a CPU into out-of-bounds accesses (a corrupted heap); read as mask[b, 0, q, kv] it is exact."""
     if dropout > 0:
         raise ValueError(
             "flex_attention has no attention dropout: train with 'sdpa' or 'eager', or set attention_dropout=0."

@@ -17,19 +17,18 @@ Deliberate differences from the released code, each covered by a test:
 - Masks are computed in fp32 and enter attention as the finite bias log(M) ("log_bias" mode, the released code's
   renormalised product), so every backend that takes an additive mask runs GA-attention (eager, SDPA, flex
   attention). The literal eq. 9 ("multiply" mode) runs eager.
-- Where M ≤ 1e-32 the weight is exactly 0 (bias -1e4), where the released code's log(1e-32) leaves ~1e-32, whose
-  backward products are subnormal floats (several times slower on a CPU).
+- Where M ≤ 1e-32 the weight is exactly 0 (bias -1e4), not the released code's ~1e-32 (log(1e-32)), whose backward
+  products are subnormal floats (several times slower on a CPU).
 - Decoding is incremental with transformers' caches; the granularity logits W_G h of the cached tokens are kept
   beside keys and values (`GranularityCache`).
 
 The paper-named functions (`resonance_mask`, `scope_mask`, `granularity_mask`) are the specification;
-`granularity_bias` turns them into attention's additive mask, compiled alone where `config.compile_granularity_masks`
-says. A training or cached decoding step reads no tensor on the host (only `token_type_ids`, when given).
+`granularity_bias` turns them into attention's additive mask. The copy mechanism (`config.copy_mechanism`) is in
+copy_cdnpg.py. A training or cached decoding step reads no tensor on the host (only `token_type_ids`, when given).
 
 Shape legend: b batch, h heads, i query positions, j key positions, d model width.
-Supported: transformers 4.57.x and 5.x. This file is copied into every saved checkpoint (remote code), so it imports
-only torch, transformers (and safetensors, which transformers requires) and its sibling files.
-"""
+Supported: transformers 4.57.x and 5.x. Remote code (copied into every saved checkpoint): imports only torch,
+transformers (and safetensors, which transformers requires) and its sibling files."""
 
 import functools
 import math
@@ -58,7 +57,8 @@ from transformers.utils import TransformersKwargs, can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_cdnpg import CDNPGConfig
-from .granularity_kernels import attention_with_aligned_heads, fast, flex_attention_forward
+from .copy_cdnpg import CopyMechanism
+from .granularity_kernels import MASK_FLOOR, attention_with_aligned_heads, fast, flex_attention_forward, upcast
 
 if TYPE_CHECKING:  # never imported here, but transformers copies a model's relative imports with its remote code
     from .generation_cdnpg import paraphrase  # noqa: F401  (4.57 copies only a model file's direct imports)
@@ -66,10 +66,7 @@ if TYPE_CHECKING:  # never imported here, but transformers copies a model's rela
 
 logger = logging.get_logger(__name__)
 
-MASK_FLOOR = 1e-32  # smallest mask value before the log (released code): log(1e-32) ≈ -73.7, i.e. weight ~ 0
-# The bias of a mask value at or below MASK_FLOOR: its softmax weight is exactly 0, as A ⊙ M gives, where a weight of
-# ~1e-32 would make the backward's products subnormal (on a CPU, several times slower matrix products)
-ZERO_MASK_BIAS = -1e4
+ZERO_MASK_BIAS = -1e4  # the bias where M ≤ MASK_FLOOR: a weight of exactly 0 (see the module docstring)
 # The arguments of generation_cdnpg.paraphrase() that generate() refuses by name, pointing there
 PARAPHRASE_ARGUMENTS = frozenset(
     {"novelty", "keep_details", "allow_copy", "rank_by", "novelty_z_layer", "novelty_z_inverted"}
@@ -118,27 +115,17 @@ class Transformers457Methods:
         return self.encoder if hasattr(self, "encoder") else self.model.encoder
 
     def _tie_weights(self) -> None:
-        """4.57 ties the embeddings through this hook on every module; 5.x reads `_tied_weights_keys`. The config
-        flag decides both."""
+        """4.57 ties the embeddings through this hook, 5.x reads `_tied_weights_keys`; the config flag decides both."""
         if isinstance(getattr(self, "shared", None), nn.Embedding) and self.config.tie_word_embeddings:
             self.encoder.embed_tokens = self.decoder.embed_tokens = self.shared
 
 
-# --- end of the version shims ---
-
-
 def forward_with_cache(forward: Callable) -> Callable:
-    """A forward that takes and returns the cache: under either name (`takes_cache_by_either_name`), and as a tuple
-    where `return_dict=False` (transformers' `can_return_tuple`)."""
+    """`takes_cache_by_either_name`, returning a tuple where `return_dict=False` (transformers' `can_return_tuple`)."""
     return can_return_tuple(takes_cache_by_either_name(forward))
 
 
 # --- The paper's concepts: granularity head (eq. 4), resonance (eq. 6) and scope (eq. 8) masks, eq. 9's M ---
-
-
-def upcast(tensor: torch.Tensor) -> torch.Tensor:
-    """At least float32: masks and probabilities built from z stay exact under bf16/fp16 (float64 stays float64)."""
-    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
 class GranularityHead(nn.Module):
@@ -156,20 +143,15 @@ class GranularityHead(nn.Module):
 
 def resonance_mask(z_i: torch.Tensor, z_j: torch.Tensor) -> torch.Tensor:
     """Eq. 6, C_ij, the continuous relaxation of eq. 5 (C_ij = 1 iff z_i = z_j): template tokens (z_i ≈ 0) attend to
-    template tokens, detail tokens (z_i ≈ 1) to tokens at least as detailed as themselves.
-
-    Elementwise, as the paper writes it: z_i (b, i, 1) and z_j (b, 1, j) broadcast to C (b, i, j).
-    """
+    template tokens, detail tokens (z_i ≈ 1) to tokens at least as detailed as themselves. Elementwise, as the paper
+    writes it: z_i (b, i, 1) and z_j (b, 1, j) broadcast to C (b, i, j)."""
     return (1 - z_i) * (1 - (z_i + z_j)).clamp(min=0) + z_i * (1 - z_i + z_j).clamp(max=1)
 
 
 def scope_mask(z_i: torch.Tensor, length: torch.Tensor, distance: torch.Tensor, epsilon: float) -> torch.Tensor:
     """Eq. 8, S_ij, the continuous relaxation of eq. 7: a template token (z_i = 0) sees all N visible tokens, a detail
-    token (z_i = 1) only its neighbours within epsilon.
-
-    Elementwise: z_i and N (the number of keys query i can see) (b, i, 1), distance |i - j| (i, j) -> S (b, i, j).
-    (N - eps) is clamped at the smallest positive float: eq. 8 is undefined for N < eps, and the power's gradient
-    stays finite."""
+    token (z_i = 1) only its neighbours within epsilon. Elementwise: z_i and N (b, i, 1), |i - j| (i, j) -> S
+    (b, i, j). (N - eps) is clamped at the smallest positive float, where the power's gradient stays finite."""
     width = (length - epsilon).clamp(min=torch.finfo(torch.float32).tiny).pow(1 - z_i) + epsilon
     return (width - distance).clamp(min=0, max=1)
 
@@ -210,8 +192,8 @@ class AttentionLayout:
 
     def padding_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
         """The additive mask of plain attention (b or 1, 1, i or 1, j): 0 where a key is visible, the dtype's minimum
-        (not -inf: a fully masked row stays finite) where not; None where every key is visible or SDPA is told
-        `is_causal`. Built once per stack."""
+        (not -inf: a fully masked row stays finite) where `blocked_keys`; None where every key is visible or SDPA is
+        told `is_causal`."""
         if (self.key_padding is None and not self.causal) or self.takes_is_causal:
             return None
         if self.bias is None or self.bias.dtype != dtype:
@@ -219,7 +201,7 @@ class AttentionLayout:
             if self.causal:
                 blocked = blocked_keys(self, self.key_count)
                 self.bias = torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, minimum)
-            else:
+            else:  # from the padding alone: one tensor filled, one masked
                 visible = self.key_padding[:, None, None, :]
                 self.bias = torch.full(visible.shape, minimum, dtype=dtype, device=device).masked_fill_(visible, 0.0)
         return self.bias
@@ -275,9 +257,8 @@ def granularity_bias(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """GA-attention's additive mask (b, 1, i, j) in `dtype`: log(M) of `layout_granularity_mask` where a key is visible
-    (`ZERO_MASK_BIAS` where M ≤ `MASK_FLOOR`), the dtype's minimum where it is blocked (`blocked_keys`). It computes
-    everything from the padding (b, j) and the positions, so that compiled (`granularity_kernels.fast`) it is one
-    kernel forward and one backward."""
+    (`ZERO_MASK_BIAS` where M ≤ `MASK_FLOOR`), the dtype's minimum where it is blocked (`blocked_keys`); built from the
+    padding (b, j) and the positions alone, so that compiled (`fast`) it is one kernel forward and one backward."""
     mask = layout_granularity_mask(kind, logits_query, logits_key, layout, epsilon)
     bias = torch.where(mask > MASK_FLOOR, mask.clamp(min=MASK_FLOOR).log(), ZERO_MASK_BIAS)[:, None].to(dtype)
     blocked = blocked_keys(layout, logits_key.shape[-1])
@@ -293,8 +274,7 @@ def attention_bias(
     epsilon: float = 0.0,
     compiled: bool | None = False,
 ) -> torch.Tensor | None:
-    """The additive mask an attention module hands its attention function: `granularity_bias` of `kind` (compiled
-    alone as `config.compile_granularity_masks` says), or for `kind="none"` the layout's padding bias alone."""
+    """The additive mask for the attention function: `granularity_bias` of `kind`, or for "none" the padding bias."""
     if kind == "none":
         return layout.padding_bias(dtype)
     bias = fast(granularity_bias, compiled, logits_query.device)
@@ -312,10 +292,9 @@ def eager_attention_forward(
     multiplier: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference attention (transformers' attention-function signature), the only path for the literal eq. 9:
-    `multiplier` (b, i, j) scales the softmax output without renormalising it.
-    query (b, h, i, d), key/value (b, h, j, d), attention_mask (b, 1, i, j) -> output (b, i, h, d), weights (b, h, i, j).
-    """
+    """Reference attention (transformers' attention-function signature), the only path for the literal eq. 9, whose
+    `multiplier` M (b, i, j) scales the softmax output without renormalising it. query (b, h, i, d), key and value
+    (b, h, j, d), attention_mask (b, 1, i, j) -> output (b, i, h, d), weights (b, h, i, j)."""
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask
@@ -346,17 +325,11 @@ def attention_function(implementation: str, head_dim: int, device: torch.device)
     return attention_with_aligned_heads(attention, head_dim, device) if implementation == "sdpa" else attention
 
 
-# --- The cache: transformers' key/value layout, plus the granularity logits of every cached token ---
-
-
 class GranularityCache(EncoderDecoderCache):
     """An `EncoderDecoderCache` that also keeps the granularity logits W_G h (eq. 4) of every cached decoder token
-    and of the encoder states (computed at the first step): the masks of a new query read z of all the keys it sees.
-
-    Keys and values keep transformers' layout (b, h, t, d_head). The logits live in two more caches of the same kinds
-    (dynamic, or static of the same lengths) as keys (b, 1, t, 1) beside empty values, and follow whatever generation
-    does to the cache. The model wraps any empty `EncoderDecoderCache` it is given (e.g. a static one).
-    """
+    and of the encoder states: the masks of a new query read z of all the keys it sees. Keys and values keep
+    transformers' layout (b, h, t, d_head); the logits live in two more caches of the same kinds (dynamic, or static
+    of the same lengths) as keys (b, 1, t, 1) beside empty values, and follow whatever generation does to the cache."""
 
     def __init__(
         self,
@@ -391,9 +364,9 @@ class GranularityCache(EncoderDecoderCache):
 
     @staticmethod
     def store(cache: Cache, logits: torch.Tensor, layer_idx: int, cache_kwargs: dict | None) -> torch.Tensor:
-        """Write logits (b, i) into layer `layer_idx` of `cache` (`granularity_logits_cache` or the cross one) as the
-        key of one head of width 1; return what the layer holds (b, j). A static layer of transformers 4.57 sizes its
-        values as its keys, so it keeps them twice."""
+        """Write logits (b, i) into layer `layer_idx` of a logit cache as the key of one head of width 1 -> what the
+        layer holds (b, j). A static layer of transformers 4.57 sizes its values as its keys: it keeps them twice."""
+
         logits = logits[:, None, :, None]
         static = layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], StaticLayer)
         kept, _ = cache.update(logits, logits if static else logits[..., :0], layer_idx, cache_kwargs)
@@ -431,9 +404,6 @@ def cache_capacity(cache: EncoderDecoderCache) -> int | None:
     """The key length of a preallocated (static) self-attention cache, None for one that grows with each step."""
     layers = cache.self_attention_cache.layers
     return getattr(layers[0], "max_cache_len", None) if layers else None
-
-
-# --- Transformer blocks ---
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -583,9 +553,8 @@ class CDNPGDecoderLayer(CDNPGLayer):
     def __init__(self, config: CDNPGConfig, layer_idx: int):
         super().__init__()
         eps, heads = config.layer_norm_eps, config.decoder_attention_heads
-        cross_kind = (
-            "resonance" if config.cross_attention_granularity and config.granularity_mask != "none" else "none"
-        )
+        ga = config.granularity_mask != "none"
+        cross_kind = "resonance" if config.cross_attention_granularity and ga else "none"
         self.self_attn = CDNPGAttention(config, heads, layer_idx, config.granularity_mask)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=eps)
         self.encoder_attn = CDNPGAttention(config, heads, layer_idx, cross_kind, is_cross_attention=True)
@@ -610,14 +579,10 @@ class CDNPGDecoderLayer(CDNPGLayer):
         return self.feed_forward(hidden_states), self_weights, cross_weights, self_z, cross_z
 
 
-# --- Outputs: the standard ones plus z of every layer (the paper's Figure 2) ---
-
-
 @dataclass
 class CDNPGEncoderOutput(BaseModelOutput):
-    """`granularities`: z (b, s) of every encoder layer's self-attention, when `output_granularities=True`;
-    `source_ids` (b, s): the input ids, with a copy mechanism (which puts its probabilities on them), so that they
-    travel with the encoder states through `generate()`."""
+    """`granularities`: z (b, s) of every layer's self-attention (`output_granularities=True`); `source_ids` (b, s),
+    with a copy mechanism: the ids its probabilities go on, carried with the encoder states through `generate()`."""
 
     granularities: tuple[torch.FloatTensor, ...] | None = None
     source_ids: torch.LongTensor | None = None
@@ -662,9 +627,6 @@ class CDNPGModelKwargs(TransformersKwargs, total=False):
     output_granularities: bool | None
 
 
-# --- Models ---
-
-
 class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
     config_class = CDNPGConfig
     base_model_prefix = "model"
@@ -679,11 +641,9 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
     _can_compile_fullgraph = True
 
     def set_attn_implementation(self, attn_implementation: str | dict, *args, **kwargs) -> None:
-        """`PreTrainedModel.set_attn_implementation`, refusing with the reason backends that would drop the
-        granularity term."""
-        for implementation in (
-            attn_implementation.values() if isinstance(attn_implementation, dict) else [attn_implementation]
-        ):
+        """`PreTrainedModel.set_attn_implementation`, refusing backends that would drop the granularity term."""
+        chosen = attn_implementation.values() if isinstance(attn_implementation, dict) else [attn_implementation]
+        for implementation in chosen:
             check_attention_backend(implementation)
         super().set_attn_implementation(attn_implementation, *args, **kwargs)
 
@@ -703,9 +663,8 @@ class CDNPGPreTrainedModel(Transformers457Methods, PreTrainedModel):
 
 
 class CDNPGStack(CDNPGPreTrainedModel):
-    """What the encoder and the decoder share: token plus learned position embeddings (eq. 3; BART and BERT
-    checkpoints also scale the tokens and/or normalise the sum: `scale_embedding`, `layernorm_embedding`,
-    `position_offset`), then the layers in turn; the output flags a call leaves out are the config's."""
+    """What the encoder and the decoder share: token plus learned position embeddings (eq. 3; for BART and BERT
+    checkpoints `scale_embedding`, `layernorm_embedding`, `position_offset`), then the layers in turn."""
 
     is_decoder = False  # the decoder's layers are causal, cached and cross-attend
 
@@ -746,10 +705,7 @@ class CDNPGStack(CDNPGPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
             if self.embed_scale != 1.0:  # a multiplication by 1 would still launch a kernel, forward and backward
                 inputs_embeds = inputs_embeds * self.embed_scale
-        if isinstance(past_length, torch.Tensor):  # a static cache's length
-            positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
-        else:
-            positions = torch.arange(past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device)
+        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
         end = capacity if isinstance(past_length, torch.Tensor) else past_length + inputs_embeds.shape[1]
         if end is not None and end > self.config.max_position_embeddings:
             raise ValueError(
@@ -766,9 +722,9 @@ class CDNPGStack(CDNPGPreTrainedModel):
     def run_layers(
         self, hidden_states: torch.Tensor, *args, output_hidden_states: bool, **kwargs
     ) -> tuple[torch.Tensor, tuple | None, tuple]:
-        """Every layer in turn, the other arguments passed to each as given -> the last hidden states; with
-        `output_hidden_states` every layer's input and the last hidden states, else None; each further output of the
-        layers (attention weights, z) as a tuple over the layers, None where the layers return None."""
+        """Every layer in turn on the other arguments -> the last hidden states; every layer's input and the last
+        hidden states, or None without `output_hidden_states`; each further layer output (weights, z) per layer or
+        None."""
         all_hidden, per_layer = [hidden_states], []
         for layer in self.layers:
             hidden_states, *extras = layer(hidden_states, *args, **kwargs)
@@ -798,8 +754,7 @@ class CDNPGEncoder(CDNPGStack):
 
         token_type_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): accepted because
             BERT tokenizers return them; all 0 (C-DNPG has no segment embeddings: one sentence per input).
-        output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer.
-        """
+        output_granularities (`bool`, *optional*): also return z (eq. 4) of every layer."""
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError(
@@ -807,7 +762,6 @@ class CDNPGEncoder(CDNPGStack):
                 "sentence per input (no text pairs)."
             )
         hidden_states, positions = self.embed(input_ids, inputs_embeds)
-        # N of eq. 8 is each sentence's own number of real tokens: batch composition never changes an output
         key_padding = attention_mask.bool() if attention_mask is not None else None  # no mask: SDPA gets none
         layout = AttentionLayout(key_padding, positions, hidden_states.shape[1], causal=False)
         hidden_states, all_hidden, (attentions, z) = self.run_layers(
@@ -845,8 +799,7 @@ class CDNPGDecoder(CDNPGStack):
         attention_mask (`torch.Tensor` of shape `(batch_size, target_length)`, *optional*): 1 for real decoder
             tokens, covering the cached and the new positions.
         cache (`EncoderDecoderCache`, *optional*): a cache to extend (also taken as `past_key_values`); an empty
-            transformers cache (dynamic or static) is wrapped into a `GranularityCache`, which the output returns.
-        """
+            transformers cache (dynamic or static) is wrapped into a `GranularityCache`, which the output returns."""
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a cache written inside recomputed layers would be written twice
@@ -951,8 +904,7 @@ class CDNPGModel(CDNPGPreTrainedModel):
         token_type_ids: see `CDNPGEncoder.forward`; ignored when `encoder_outputs` are given.
         output_granularities (`bool`, *optional*): return z (eq. 4) of every layer, e.g. to draw the paper's Figure 2.
         kwargs: `output_attentions` and `output_hidden_states` (passed to both stacks), and what transformers passes
-            every model (`PASSED_TO_EVERY_MODEL`); any other is refused (`refuse_unused`).
-        """
+            every model (`PASSED_TO_EVERY_MODEL`); any other is refused (`refuse_unused`)."""
         refuse_unused(kwargs, "CDNPGModel.forward")
         flags = {name: kwargs.get(name) for name in ("output_attentions", "output_hidden_states")}
         if attention_mask is not None:  # converted once for both stacks
@@ -1023,126 +975,6 @@ class CDNPGPredictionHeadTransform(nn.Module):
         return self.layer_norm(self.activation_fn(self.dense(hidden_states)))
 
 
-def copy_attention(
-    scores: torch.Tensor, scaling: float, copyable: torch.Tensor, logits_source: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The copy attention α_t (b, i, j): a softmax of the scores q_t · k_j (b, i, j) times `scaling` over the copyable
-    source tokens (`copyable`, b, j). With the granularity gate, weighted by z of the source tokens, the sigmoid of
-    their granularity logits (b, j) (eq. 4), so that details are copied: α_tj ∝ z_j exp(q_t · k_j)."""
-    scores = upcast(scores) * scaling
-    if logits_source is not None:
-        scores = scores + torch.sigmoid(upcast(logits_source)).clamp(min=MASK_FLOOR).log()[:, None, :]
-    return scores.masked_fill(~copyable[:, None, :], torch.finfo(scores.dtype).min).softmax(-1)
-
-
-def copy_gate(
-    gate: torch.Tensor, learned: bool, copyable: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log ρ_t and log(1 - ρ_t) (b, i): ρ_t = σ(gate) of the learned gate's logit, or ρ_t = z_t, the granularity
-    gate's z of the decoder position. Given `copyable` (b, j), ρ_t = 0 where the source holds no copyable token."""
-    gate = upcast(gate)
-    if learned:
-        log_rho, log_not_rho = F.logsigmoid(gate), F.logsigmoid(-gate)
-    else:
-        log_rho, log_not_rho = gate.clamp(min=MASK_FLOOR).log(), (1 - gate).clamp(min=MASK_FLOOR).log()
-    if copyable is not None:
-        nothing = ~copyable.any(-1)[:, None]  # (b, 1)
-        log_rho = log_rho.masked_fill(nothing, torch.finfo(log_rho.dtype).min)
-        log_not_rho = log_not_rho.masked_fill(nothing, 0.0)
-    return log_rho, log_not_rho
-
-
-def copy_distribution(
-    logits: torch.Tensor,
-    alpha: torch.Tensor,
-    gate: torch.Tensor,
-    source_ids: torch.LongTensor,
-    copyable: torch.Tensor,
-    labels: torch.LongTensor | None = None,
-    learned: bool = True,
-    excluded: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj as log-probabilities (b, i, V) in at least float32,
-    given the vocabulary logits (b, i, V), α (`copy_attention`) and the gate (`copy_gate`; with `excluded`, ρ_t = 0
-    where nothing is copyable), and the summed NLL of the labels (b, i; -100 left out) or None, read at the labels
-    alone: its backward pass is cross-entropy's, nothing flows back through the (b, i, V) mixture."""
-    log_rho, log_not_rho = copy_gate(gate, learned, copyable if excluded else None)
-    log_p = upcast(logits).log_softmax(-1)  # log P_gen
-
-    def mixed(generated: torch.Tensor, copied: torch.Tensor) -> torch.Tensor:
-        """log P(y) = log((1 - ρ) P_gen(y) + ρ Σ_{j: x_j = y} α_tj) from log((1 - ρ) P_gen(y)) and that sum."""
-        return torch.logaddexp(generated, copied.clamp(min=MASK_FLOOR).log() + log_rho[..., None])
-
-    # only the source's tokens change: the mixture is computed for them, never as a second (b, i, V) tensor
-    same = source_ids[:, :, None] == source_ids[:, None, :]  # (b, j, j)
-    index = source_ids[:, None, :].expand_as(alpha)
-    first = ((same.tril(-1).sum(-1) == 0) & copyable)[:, None, :]  # a repeated token is changed once
-    before = log_p.gather(-1, index) + log_not_rho[..., None]  # read from `log_p`: the sum below changes in place
-    after = mixed(before, alpha @ same.to(alpha.dtype))  # repeated tokens add up
-    log_probs = (log_p + log_not_rho[..., None]).scatter_add_(-1, index, (after - before) * first)
-    if labels is None:
-        return log_probs, None
-    targets = labels.clamp(min=0)[..., None]  # (b, i, 1); -100 read as token 0, then left out
-    hits = (targets == source_ids[:, None, :]) & copyable[:, None, :]  # (b, i, j)
-    generated = log_p.gather(-1, targets) + log_not_rho[..., None]
-    picked = torch.where(hits.any(-1, keepdim=True), mixed(generated, (alpha * hits).sum(-1, keepdim=True)), generated)
-    return log_probs, -(picked.squeeze(-1) * (labels != -100)).sum()
-
-
-class CopyMechanism(nn.Module):
-    """A pointer over the source tokens mixed with the vocabulary distribution (the paper's Transformer+Copy row of
-    Table 2; DNPG's eq. 8; See et al. 2017): P(y_t) = (1 - ρ_t) P_gen(y_t) + ρ_t Σ_{j: x_j = y_t} α_tj, α_t a one-head
-    attention of the decoder state over the encoder states. Returned as log-probabilities, which log_softmax leaves
-    unchanged, so the loss and every decoding mode read them as logits.
-
-    Gates (`config.copy_mechanism`): `learned`, ρ_t = σ(w · [h_t; c_t]), c_t the copy context; `granularity`, α
-    weighted by the source tokens' z and ρ_t = z of the decoder position, from the last cross-attention's granularity
-    head. `copy_excluded_token_ids` are never pointed at. The formulas run compiled where the masks do (`fast`).
-    """
-
-    def __init__(self, config: CDNPGConfig):
-        super().__init__()
-        self.excluded_token_ids = tuple(config.copy_excluded_token_ids or ())
-        self.excluded_ids_on = {}  # device -> excluded_token_ids as a tensor, built once (not per forward)
-        self.config = config  # read at each call: compile_granularity_masks may be set after construction
-        self.scaling = config.d_model**-0.5
-        self.q_proj = nn.Linear(config.d_model, config.d_model)
-        self.k_proj = nn.Linear(config.d_model, config.d_model)
-        self.gate_proj = nn.Linear(2 * config.d_model, 1) if config.copy_mechanism == "learned" else None
-
-    def forward(
-        self,
-        logits: torch.Tensor,
-        hidden_states: torch.Tensor,
-        encoder_states: torch.Tensor,
-        source_ids: torch.LongTensor,
-        source_mask: torch.Tensor,
-        logits_source: torch.Tensor | None = None,
-        z_target: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits (b, i, V), decoder states (b, i, d), encoder states (b, j, d), source ids and mask (b, j), for the
-        granularity gate the logits W_G h of the source (b, j) and z of the decoder positions (b, i), labels (b, i)
-        -> log P(y_t) (b, i, V) and the summed NLL of the labels or None (`copy_distribution`)."""
-        copyable = source_mask.bool()
-        if self.excluded_token_ids:
-            excluded = self.excluded_ids_on.get(source_ids.device)
-            if excluded is None:  # once per device, not a host-to-device copy per call
-                excluded = self.excluded_ids_on[source_ids.device] = source_ids.new_tensor(self.excluded_token_ids)
-            copyable = copyable & ~torch.isin(source_ids, excluded)
-        scores = self.q_proj(hidden_states) @ self.k_proj(encoder_states).transpose(1, 2)
-        compiled = self.config.compile_granularity_masks
-        alpha = fast(copy_attention, compiled, scores.device)(scores, self.scaling, copyable, logits_source)
-        if self.gate_proj is not None:
-            context = alpha.to(encoder_states.dtype) @ encoder_states  # (b, i, d)
-            gate = self.gate_proj(torch.cat([hidden_states, context], dim=-1)).squeeze(-1)  # (b, i)
-        else:  # GA: ρ_t = z_t
-            gate = z_target
-        learned, excluded = self.gate_proj is not None, bool(self.excluded_token_ids)
-        mixture = fast(copy_distribution, compiled, logits.device)
-        return mixture(logits, alpha, gate, source_ids, copyable, labels, learned, excluded)
-
-
 class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
     """C-DNPG with a language-modelling head (tied to the shared embedding by default): a paraphrase generator."""
 
@@ -1182,8 +1014,7 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
             decoder inputs are derived from them when not given.
         num_items_in_batch: the target tokens of the whole (accumulated, all-process) batch, as `Trainer` passes it:
             the loss is the token sum divided by it.
-        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), keyword-only, passed on as given.
-        """
+        kwargs: the other arguments of `CDNPGModel.forward` (`CDNPGModelKwargs`), keyword-only, passed on as given."""
         if labels is not None:
             kwargs["use_cache"] = False
             if kwargs.get("decoder_input_ids") is None and kwargs.get("decoder_inputs_embeds") is None:
@@ -1213,13 +1044,10 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         if labels is not None:
             if num_items_in_batch is None:  # the mean over real target tokens; 0, not NaN, when there are none
                 num_items_in_batch = (labels != -100).sum().clamp(min=1)
-            loss = (  # the copy mechanism's NLL is read at the labels from the returned log-probabilities
-                nll / num_items_in_batch
-                if nll is not None
-                else self.loss_function(
-                    logits, labels.contiguous(), self.config.vocab_size, num_items_in_batch=num_items_in_batch
-                )
-            )
+            if nll is not None:  # the copy mechanism's NLL, read at the labels from its log-probabilities
+                loss = nll / num_items_in_batch
+            else:
+                loss = self.loss_function(logits, labels.contiguous(), self.config.vocab_size, num_items_in_batch)
 
         # everything the bare model returns but its last hidden state, which the logits replace
         left_out = {"last_hidden_state"}
@@ -1259,7 +1087,6 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         backend. C-DNPG builds its own additive mask (padding plus the granularity term) from the 2-D one: keep it."""
         return attention_mask
 
-    # granularity-aware paraphrasing lives in generation_cdnpg.py: granularity_processors() and paraphrase()
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, refusing first the arguments of granularity-aware paraphrasing (which
         generate() does not take) with where they belong, and a number of sequences below one."""
@@ -1283,7 +1110,6 @@ __all__ = [
     "CDNPGForConditionalGeneration",
     "CDNPGModel",
     "CDNPGPreTrainedModel",
-    "CopyMechanism",
     "GranularityCache",
     "GranularityHead",
     "granularity_mask",

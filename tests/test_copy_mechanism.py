@@ -10,7 +10,8 @@ from transformers import AutoModelForSeq2SeqLM
 from cdnpg.data import load_tokenizer, model_token_ids, template_corpus, train_wordpiece_tokenizer
 from cdnpg.hub import save_checkpoint
 from modeling_cdnpg import CDNPGConfig, CDNPGForConditionalGeneration
-from modeling_cdnpg.modeling_cdnpg import CACHE_NAME, CopyMechanism
+from modeling_cdnpg.copy_cdnpg import CopyMechanism
+from modeling_cdnpg.modeling_cdnpg import CACHE_NAME
 from tests.conftest import BOS, MASKS, PAD, cache_of, tiny_config, tiny_model, train_tiny_paraphraser
 from tests.test_fused_granularity import compiled_runs, traced  # noqa: F401  (fixtures)
 from tests.test_hub import PYTHONS, run_isolated

@@ -29,7 +29,7 @@ from huggingface_hub import ModelCard, constants
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from cdnpg.data import TEMPLATE_FAMILIES, load_tokenizer, model_token_ids, template_corpus, train_wordpiece_tokenizer
-from cdnpg.hub import model_card_template, resolve_model_source, save_checkpoint
+from cdnpg.hub import REMOTE_CODE_FILES, model_card_template, resolve_model_source, save_checkpoint
 from modeling_cdnpg import CDNPGForConditionalGeneration
 from tests.conftest import SHARED, tiny_model
 
@@ -165,7 +165,7 @@ def generate_ids(model, tokenizer, **kwargs) -> list[list[int]]:
 def test_checkpoint_folder_is_a_complete_hub_repository(checkpoint):
     names = {path.name for path in checkpoint.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "README.md", "tokenizer.json"} <= names
-    assert {"configuration_cdnpg.py", "modeling_cdnpg.py", "pipeline_cdnpg.py"} <= names
+    assert set(REMOTE_CODE_FILES) <= names
     config = json.loads((checkpoint / "config.json").read_text())
     assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_cdnpg.CDNPGForConditionalGeneration"
     assert config["auto_map"]["AutoConfig"] == "configuration_cdnpg.CDNPGConfig"
@@ -179,7 +179,13 @@ def test_checkpoint_folder_is_a_complete_hub_repository(checkpoint):
 
 def test_remote_code_files_import_only_torch_transformers_the_standard_library_and_each_other(checkpoint):
     allowed = {"torch", "transformers", "safetensors", *sys.stdlib_module_names}
-    for name in ("configuration_cdnpg.py", "modeling_cdnpg.py", "pipeline_cdnpg.py"):
+    for name in (
+        "configuration_cdnpg.py",
+        "modeling_cdnpg.py",
+        "granularity_kernels.py",
+        "copy_cdnpg.py",
+        "pipeline_cdnpg.py",
+    ):
         for line in (checkpoint / name).read_text().splitlines():
             words = line.split()
             if words[:1] in (["import"], ["from"]) and not words[1].startswith("."):
