@@ -8,15 +8,11 @@
     out = paraphrase(model, tokenizer, inputs, novelty=0.5, num_return_sequences=5)  # or settings=ParaphraseSettings()
     out.sequences, out.sequences_scores  # 5 distinct candidates per input, best first, and their scores
 
-Beam search on a paraphrase model copies much of its input; `encoder_no_repeat_ngram_size` treats every source word
-alike, breaking names and numbers as readily as the template. z (eq. 4) tells them apart: ≈ 0 on sentence-level
-template tokens, ≈ 1 on phrase-level details (`weigh_source`). With `novelty`, a source bigram costs nats as far as
-it is template (`SourceNgramPenaltyLogitsProcessor`) and an exact copy may not end (`NoCopyLogitsProcessor`); with
-`keep_details`, a source token still owed gains nats as far as it is a detail (`DetailBonusLogitsProcessor`); the
-amounts are `rule_processors`'. Reasoning and measurements: docs/novelty.md.
-
-`paraphrase()` checks its settings, searches, scores and ranks. Remote code, copied into every checkpoint: imports only
-torch and transformers (4.57 and 5.x).
+z (eq. 4) is ≈ 0 on sentence-level template tokens, ≈ 1 on phrase-level details (`weigh_source`). With `novelty`, a
+source bigram costs nats as far as it is template (`SourceNgramPenaltyLogitsProcessor`: `encoder_no_repeat_ngram_size`
+would break names and numbers as readily as the template) and an exact copy may not end (`NoCopyLogitsProcessor`);
+with `keep_details`, a source token still owed gains nats as far as it is a detail (`DetailBonusLogitsProcessor`).
+Reasoning and measurements: docs/novelty.md. Remote code: imports only torch and transformers (4.57 and 5.x).
 """
 
 import copy
@@ -63,12 +59,11 @@ NEEDS_SIMILARITY = (
 
 @dataclass
 class CDNPGParaphraseOutput(ModelOutput):
-    """What `paraphrase()` returns: for every input its `num_return_sequences` candidates, best first (rows `i * n`
-    to `i * n + n - 1` belong to input i), the candidates' ids `sequences` (`(batch * n, length)`) and the rest
-    `(batch * n,)`: `sequences_scores`, what they are ranked by (`ranking_weights`), and the parts of the ranking
-    (`ranking_parts`), those of the score always, `reverse_log_likelihoods` and `similarities` when it weighs them.
-    A row that could not be filled (fewer distinct candidates than asked for) is padding with score -inf.
-    """
+    """What `paraphrase()` returns: per input its `num_return_sequences` candidates, best first (rows `i * n` to
+    `i * n + n - 1` belong to input i): their ids `sequences` `(batch * n, length)` and, `(batch * n,)`, what they are
+    ranked by (`sequences_scores`, `ranking_weights`) and its parts (`rank_candidates`): the score's always,
+    `reverse_log_likelihoods` and `similarities` when it weighs them. A row that could not be filled (fewer distinct
+    candidates than asked for) is padding with score -inf."""
 
     sequences: torch.LongTensor | None = None
     sequences_scores: torch.FloatTensor | None = None
@@ -80,8 +75,7 @@ class CDNPGParaphraseOutput(ModelOutput):
 
 
 def check_number(name: str, value, allowed: str, within: Callable[[float], bool], kinds: type | tuple = (int, float)):
-    """A ValueError naming `name` and what it takes (`allowed`) unless `value` is of `kinds` (a bool is no number)
-    and `within(value)` holds."""
+    """A ValueError naming `name` and what it takes (`allowed`) unless `value` is of `kinds` (no bool) and `within`."""
     if isinstance(value, bool) or not isinstance(value, kinds) or not within(value):
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
@@ -116,10 +110,8 @@ class ParaphraseSettings:
 
     novelty, keep_details: the strengths of the two rules, in [0, 1]; at 0 and 0, the model's own decoding.
     num_return_sequences: candidates returned per input, best first.
-    num_candidates, num_beam_groups: see `candidates` and `groups` (a generation config's num_candidates is raised
-        to num_return_sequences). At novelty 0 the candidates are one search's beams.
-    rank_by: see `ranking_weights`, e.g. {"score": 1.0, "similarity": 4.0}; a ranking other than by the score alone
-        ranks even at novelty 0.
+    num_candidates, num_beam_groups: see `candidates` and `groups`. At novelty 0 the candidates are one search's beams.
+    rank_by: see `ranking_weights`; a ranking other than by the score alone ranks even at novelty 0.
     similarity: (source texts, candidate texts, as many per source) -> cosines (`cdnpg.ranking.SentenceSimilarity`),
         for a ranking that weighs "similarity" and no other.
     allow_copy: the source itself may be a candidate.
@@ -180,14 +172,12 @@ class ParaphraseSettings:
 
     @property
     def candidates(self) -> int:
-        """Candidates generated and ranked per input: num_candidates (None: num_return_sequences), at least
-        num_return_sequences."""
+        """Candidates generated and ranked per input: num_candidates (or None), raised to num_return_sequences."""
         return max(self.num_candidates or 1, self.num_return_sequences)
 
     @property
     def groups(self) -> int:
-        """Beam searches the candidates come from with novelty above 0 (`search_candidates`): num_beam_groups (None:
-        num_return_sequences), at most num_candidates."""
+        """Beam searches per input at novelty above 0: num_beam_groups, or num_return_sequences."""
         return self.num_beam_groups or self.num_return_sequences
 
     @classmethod
@@ -227,23 +217,18 @@ def enough_beams(generation_config: GenerationConfig, generate_kwargs: dict, wan
     return {**generate_kwargs, "num_beams": wanted}
 
 
-def _is_punctuation(text: str) -> bool:
-    return bool(text) and not any(character.isalnum() or character.isspace() for character in text)
-
-
 def word_starts(tokenizer: PreTrainedTokenizerBase, input_ids: torch.LongTensor) -> torch.Tensor:
-    """(b, s) bool: whether each token starts a word. A token starts a word when the tokenizer writes a space
-    between it and the token before it, when it or the token before it is punctuation alone, and when it or the
-    token before it is special. So WordPiece's "##" pieces, byte-level BPE's pieces without "Ġ" and SentencePiece's
-    without "▁" continue a word, and "?" is a word of its own after "python" whether the tokenizer writes a space
-    before it (WordPiece) or not (byte-level BPE's "python?")."""
+    """(b, s) bool: whether each token starts a word: the tokenizer writes a space between it and the token before
+    it, or either is special or punctuation alone. So WordPiece's "##" pieces, byte-level BPE's pieces without "Ġ"
+    and SentencePiece's without "▁" continue a word, and "?" is a word of its own after "python", spaced or not."""
     special = set(tokenizer.all_special_ids)
     starts = []
     for ids in input_ids.tolist():
         tokens = tokenizer.convert_ids_to_tokens(ids)
+        texts = [tokenizer.convert_tokens_to_string([token]).strip() for token in tokens]
         apart = [  # a token that is a word of its own: special, or punctuation alone
-            token in special or _is_punctuation(tokenizer.convert_tokens_to_string([text]).strip())
-            for token, text in zip(ids, tokens)
+            token in special or (bool(text) and not any(char.isalnum() or char.isspace() for char in text))
+            for token, text in zip(ids, texts)
         ]
         joined = [tokenizer.convert_tokens_to_string(tokens[j - 1 : j + 1]).strip() for j in range(1, len(ids))]
         spaced = [any(character.isspace() for character in text) for text in joined]  # a space before token j + 1
@@ -252,8 +237,7 @@ def word_starts(tokenizer: PreTrainedTokenizerBase, input_ids: torch.LongTensor)
 
 
 def word_detail(detail: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """Every token's detail (b, s) replaced by its word's, the largest over the word's pieces: a word is as much a
-    detail as its most detailed piece."""
+    """Every token's detail (b, s) replaced by its word's: a word is as much a detail as its most detailed piece."""
     word = starts.long().cumsum(-1) - 1
     per_word = torch.zeros_like(detail).scatter_reduce(1, word, detail, "amax", include_self=False)
     return per_word.gather(1, word)
@@ -430,11 +414,9 @@ def weigh_source(
     config = model.generation_config
     specials = [config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id]
     special_ids = token_ids(*specials, device=input_ids.device)
-    starts = word_starts(tokenizer, input_ids) if tokenizer is not None else None
-    if starts is not None:
-        detail = word_detail(detail, starts)
+    starts = None if tokenizer is None else word_starts(tokenizer, input_ids)
+    detail = detail if starts is None else word_detail(detail, starts)
     ngrams, weights = source_ngrams(input_ids, attention_mask, detail, special_ids, starts)
-    content = content_tokens(input_ids, attention_mask, special_ids)
     return SourceWeights(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -443,7 +425,7 @@ def weigh_source(
         detail=detail,
         ngrams=ngrams,
         weights=weights,
-        keep=(detail if read_z else torch.ones_like(detail)) * content,
+        keep=(detail if read_z else torch.ones_like(detail)) * content_tokens(input_ids, attention_mask, special_ids),
         special_ids=special_ids,
         eos_ids=token_ids(config.eos_token_id, device=input_ids.device),
     )
@@ -521,13 +503,12 @@ def rule_means(processor: LogitsProcessor, sequences: torch.Tensor, vocab_size: 
 
 
 def score_candidates(model, source: SourceWeights, sequences, novelty: float, keep_details: float):
-    """(score, log_likelihood, source_overlap, details_kept) of each row of `sequences` (input-major, as many rows
-    per input): what the beam search with both rules maximises,
+    """(score, log_likelihood, source_overlap, details_kept) of each row of `sequences` (input-major): the
+    `log_likelihoods`, the mean amounts the two processors, unscaled, give its tokens (`rule_means`), and what beam
+    search with both rules maximises,
 
         score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept
-
-    with `log_likelihoods`' and, each rule written once, the mean amounts the two processors, unscaled, give the
-    candidate's tokens (`rule_means`)."""
+    """
     rows, ends = source.inputs_of(sequences), source.eos_ids
     states = source.encoder_outputs.last_hidden_state[rows]
     likelihood = log_likelihoods(model, source.input_ids[rows], states, source.attention_mask[rows], sequences, ends)
@@ -541,9 +522,8 @@ def score_candidates(model, source: SourceWeights, sequences, novelty: float, ke
 @torch.no_grad()
 def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongTensor) -> torch.Tensor:
     """Mean log p(x_t | x_<t, y) over each source x's tokens (end token included), teacher-forced, with its candidate
-    y (rows of `sequences`, input-major) as the encoder's input: how well the candidate gives the source back under
-    the same model, which a model trained on both directions (run.py --both_directions) has learnt. The candidate is
-    wrapped as a source is (the source's first token in place of the decoder start, its end token, no padding)."""
+    y (rows of `sequences`, input-major) as the encoder's input, wrapped as a source is (the source's first token in
+    place of the decoder start, its end token, no padding): what a model trained on both directions has learnt."""
     rows, pad = source.inputs_of(sequences), model.config.pad_token_id or 0
     kept = F.pad(generated_mask(sequences, source.eos_ids), (1, 0), value=True)  # the start, the tokens, the end
     candidates = sequences.masked_fill(~kept, pad)
@@ -554,27 +534,8 @@ def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongT
     return log_likelihoods(model, candidates, states.last_hidden_state, kept.long(), targets, source.eos_ids)
 
 
-def ranking_parts(model, tokenizer, source: SourceWeights, sequences, settings: ParaphraseSettings) -> dict:
-    """Each candidate's score and its parts (`score_candidates`), and the parts of `RANKING_PARTS` that the ranking
-    weighs: `reverse_log_likelihoods`, `settings.similarity` of the decoded texts (the embedder has its own
-    tokenizer) and 1 - source_overlap (what iBLEU charges, the source's wording)."""
-    score, likelihood, overlap, kept = score_candidates(
-        model, source, sequences, settings.novelty, settings.keep_details
-    )
-    parts = {"score": score, "log_likelihood": likelihood, "source_overlap": overlap, "details_kept": kept}
-    if "rewording" in settings.weights:
-        parts["rewording"] = 1 - overlap
-    if "reverse_likelihood" in settings.weights:
-        parts["reverse_likelihood"] = reverse_log_likelihoods(model, source, sequences)
-    if "similarity" in settings.weights:
-        decode = dict(skip_special_tokens=True, clean_up_tokenization_spaces=True)
-        texts = [tokenizer.batch_decode(ids, **decode) for ids in (source.input_ids, sequences)]
-        parts["similarity"] = settings.similarity(*texts).float().to(sequences.device)
-    return parts
-
-
 class CandidateSelection:
-    """Per input, the candidates chosen so far and the beams kept in reserve.
+    """Per input, the candidates chosen so far and the beams offered.
 
     A beam is new when its content (special tokens left out) is not empty, not chosen before and, unless
     `allow_copy`, not the source; the source with words appended ("... 2016 ? why ?", what a copy that may not end
@@ -587,8 +548,7 @@ class CandidateSelection:
         self.copies = [self.content(ids[mask.bool()]) for ids, mask in zip(source.input_ids, source.attention_mask)]
         self.chosen: list[list[torch.Tensor]] = [[] for _ in self.copies]
         self.taken: list[set[tuple[int, ...]]] = [{()} for _ in self.copies]
-        self.reserve: list[list[torch.Tensor]] = [[] for _ in self.copies]
-        self.last_resort: list[list[torch.Tensor]] = [[] for _ in self.copies]
+        self.offered: list[list[torch.Tensor]] = [[] for _ in self.copies]
 
     def content(self, ids: torch.Tensor) -> tuple[int, ...]:
         return tuple(token for token in ids.tolist() if token not in self.special)
@@ -606,56 +566,46 @@ class CandidateSelection:
         self.chosen[i].append(ids)
         self.taken[i].add(self.content(ids))
 
-    def diversity_ngrams(self, i: int, candidate: torch.LongTensor) -> tuple[torch.LongTensor, torch.Tensor]:
-        """The bigrams of a chosen candidate of input i, and what repeating each costs a later candidate:
-        DIVERSITY_PENALTY times its template weight, a token's detail being its largest z in the source (0 for a
-        token not in it)."""
-        source, ids = self.source, candidate[None]
-        token_detail = ((candidate[:, None] == source.input_ids[i][None, :]) * source.detail[i][None, :]).amax(-1)
-        starts = word_starts(self.tokenizer, ids) if self.tokenizer is not None else None
-        grams, template = source_ngrams(ids, torch.ones_like(ids), token_detail[None], source.special_ids, starts)
-        return grams[0], DIVERSITY_PENALTY * template[0]
-
     def penalised_ngrams(self) -> tuple[torch.LongTensor, torch.Tensor]:
         """Per input (b, k, n) and (b, k): its source's n-grams at novelty * MAX_PENALTY times their weight, and the
-        bigrams of its candidates chosen so far (`diversity_ngrams`)."""
+        bigrams of its candidates chosen so far at DIVERSITY_PENALTY times their template weight, a token's detail
+        being its largest z in the source (0 for a token not in it)."""
         source, grams, costs = self.source, [], []
         for i, candidates in enumerate(self.chosen):
             bag = [(source.ngrams[i], self.settings.novelty * MAX_PENALTY * source.weights[i])]
-            bag += [self.diversity_ngrams(i, ids) for ids in candidates]
+            for ids in (candidate[None] for candidate in candidates):
+                detail = ((ids[0, :, None] == source.input_ids[i]) * source.detail[i]).amax(-1)
+                starts = None if self.tokenizer is None else word_starts(self.tokenizer, ids)
+                ngrams, template = source_ngrams(ids, torch.ones_like(ids), detail[None], source.special_ids, starts)
+                bag.append((ngrams[0], DIVERSITY_PENALTY * template[0]))
             grams.append(torch.cat([ngrams for ngrams, _ in bag]))
             costs.append(torch.cat([penalties for _, penalties in bag]))
         return pad_sequence(grams, batch_first=True, padding_value=-1), pad_sequence(costs, batch_first=True)
 
     def offer(self, sequences: torch.LongTensor, beams: int) -> None:
-        """The beams of one search (`beams` rows per input, best first): per input, the first new one is chosen, the
-        other new ones and the last resorts are kept for `fill`."""
+        """The beams of one search (`beams` rows per input, best first): per input, the first new one is chosen, all
+        are kept for `fill`."""
         lengths = (1 + generated_mask(sequences, self.source.eos_ids).sum(-1)).tolist()
         for i in range(len(self.chosen)):
             found = [sequences[row, : lengths[row]] for row in range(i * beams, (i + 1) * beams)]
-            verdicts = [self.verdict(i, ids) for ids in found]
-            self.last_resort[i] += [ids for ids, verdict in zip(found, verdicts) if verdict == "last resort"]
-            new = [ids for ids, verdict in zip(found, verdicts) if verdict == "new"]
+            new = [ids for ids in found if self.verdict(i, ids) == "new"]
             if new:
                 self.choose(i, new[0])
-            self.reserve[i] += new[1:]
+            self.offered[i] += found
 
     def fill(self, pad_token_id: int) -> tuple[torch.LongTensor, torch.Tensor]:
         """Every input's candidates as k = `settings.candidates` rows (b * k, length), those short of k made up from
-        the reserve in order, then last resorts; and which rows hold one (the others are padding)."""
+        the beams offered, new ones in order, then last resorts; and which rows hold one (the others are padding)."""
         k, device = self.settings.candidates, self.source.input_ids.device
         for i, chosen in enumerate(self.chosen):
-            for ids in self.reserve[i] + self.last_resort[i]:
-                if len(chosen) < k and self.verdict(i, ids) is not None:
-                    self.choose(i, ids)
-        length = max((ids.shape[0] for chosen in self.chosen for ids in chosen), default=2)
-        sequences = torch.full((len(self.chosen) * k, length), pad_token_id, dtype=torch.long, device=device)
-        filled = torch.zeros(len(self.chosen) * k, dtype=torch.bool, device=device)
-        for i, chosen in enumerate(self.chosen):
-            for slot, ids in enumerate(chosen):
-                sequences[i * k + slot, : ids.shape[0]] = ids
-                filled[i * k + slot] = True
-        return sequences, filled
+            for wanted in ("new", "last resort"):
+                for ids in self.offered[i]:
+                    if len(chosen) < k and self.verdict(i, ids) == wanted:
+                        self.choose(i, ids)
+        padding = torch.full((2,), pad_token_id, dtype=torch.long, device=device)  # a row without a candidate
+        rows = [ids for chosen in self.chosen for ids in chosen + [padding] * (k - len(chosen))]
+        filled = torch.tensor([slot < len(chosen) for chosen in self.chosen for slot in range(k)], device=device)
+        return pad_sequence(rows, batch_first=True, padding_value=pad_token_id), filled
 
 
 def checked_call(model, tokenizer, settings, generation_config, kwargs: dict) -> tuple:
@@ -690,12 +640,10 @@ def checked_call(model, tokenizer, settings, generation_config, kwargs: dict) ->
 
 def search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs) -> tuple:
     """`settings.candidates` rows per input (b * k, length), input-major, and which rows hold a candidate: at novelty
-    0, the beams of the model's own search, in their order. Above, diverse beam search (Vijayakumar et al., 2018) with
-    its groups decoded in turn, on the standard beam search of transformers 4.57 and 5.x alike: `settings.groups`
-    searches of ceil(num_beams / groups) beams each (one group: the search a call for one paraphrase runs), and more
-    while they hold fewer beams than the candidates asked for, each under the rules with the penalty also covering
-    the bigrams chosen before (`CandidateSelection.penalised_ngrams`), offering its beams to `CandidateSelection`.
-    """
+    0, the beams of the model's own search. Above, diverse beam search (Vijayakumar et al., 2018), its groups decoded
+    in turn by the standard beam search of transformers 4.57 and 5.x: `settings.groups` searches (more while too few
+    beams were found) of ceil(num_beams / groups) beams each, each also penalising the bigrams of the candidates
+    chosen before (`CandidateSelection`); one group is the search a call for one paraphrase runs."""
 
     def search(search_config: GenerationConfig, processors) -> torch.LongTensor:  # the model's own generate()
         return model.generate(
@@ -720,20 +668,32 @@ def search_candidates(model, tokenizer, source, settings, config, logits_process
     return selection.fill(config.pad_token_id or 0)
 
 
-def rank_candidates(parts: dict, sequences, filled, settings: ParaphraseSettings) -> CDNPGParaphraseOutput:
+def rank_candidates(
+    model, tokenizer, source: SourceWeights, sequences, filled, settings: ParaphraseSettings
+) -> CDNPGParaphraseOutput:
     """The best num_return_sequences of each input's candidates by the weighted sum of their parts (the model's own
-    order at novelty 0 when ranked by the score alone), with their parts; -inf (NaN for the overlap and details
-    kept) where no candidate was found."""
-    k = settings.candidates
+    order at novelty 0 when ranked by the score alone), with the parts: the score's (`score_candidates`) and those of
+    `RANKING_PARTS` the ranking weighs: `reverse_log_likelihoods`, `settings.similarity` of the decoded texts (the
+    embedder has its own tokenizer) and rewording = 1 - source_overlap (what iBLEU charges, the source's wording);
+    -inf (NaN for the overlap and details kept) where no candidate was found."""
+    scored = score_candidates(model, source, sequences, settings.novelty, settings.keep_details)
+    parts = dict(zip(("score", "log_likelihood", "source_overlap", "details_kept"), scored))
+    if "rewording" in settings.weights:
+        parts["rewording"] = 1 - parts["source_overlap"]
+    if "reverse_likelihood" in settings.weights:
+        parts["reverse_likelihood"] = reverse_log_likelihoods(model, source, sequences)
+    if "similarity" in settings.weights:
+        decode = dict(skip_special_tokens=True, clean_up_tokenization_spaces=True)
+        texts = [tokenizer.batch_decode(ids, **decode) for ids in (source.input_ids, sequences)]
+        parts["similarity"] = settings.similarity(*texts).float().to(sequences.device)
+    k, n = settings.candidates, settings.num_return_sequences
     batch, device = sequences.shape[0] // k, sequences.device
     ranking = sum(weight * parts[name] for name, weight in settings.weights.items()).masked_fill(~filled, -math.inf)
     if not settings.novelty and set(settings.weights) == {"score"}:
         best_first = torch.arange(k, device=device).expand(batch, k)
     else:
         best_first = ranking.view(batch, k).argsort(dim=-1, descending=True, stable=True)
-    order = (
-        best_first[:, : settings.num_return_sequences] + torch.arange(batch, device=device)[:, None] * k
-    ).flatten()
+    order = (best_first[:, :n] + torch.arange(batch, device=device)[:, None] * k).flatten()
 
     def returned(name: str, empty: float) -> torch.Tensor | None:
         return parts[name].masked_fill(~filled, empty)[order] if name in parts else None
@@ -772,8 +732,7 @@ def paraphrase(
         model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z_settings(model, config)
     )
     sequences, filled = search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs)
-    parts = ranking_parts(model, tokenizer, source, sequences, settings)
-    return rank_candidates(parts, sequences, filled, settings)
+    return rank_candidates(model, tokenizer, source, sequences, filled, settings)
 
 
 __all__ = [

@@ -1,7 +1,6 @@
-"""`pipeline("text2text-generation", model=..., trust_remote_code=True)` for C-DNPG checkpoints, which declare this
-class under `custom_pipelines`: transformers 5.x has no built-in text2text-generation pipeline. `cdnpg paraphrase`
-runs through it too. Remote code: imports only torch and transformers (4.57 and 5.x).
-"""
+"""`pipeline("text2text-generation", model=..., trust_remote_code=True)` for C-DNPG checkpoints (`custom_pipelines`:
+transformers 5.x has none built in); `cdnpg paraphrase` runs through it too. Remote code: imports only torch and
+transformers (4.57 and 5.x)."""
 
 import warnings
 
@@ -66,9 +65,8 @@ class CDNPGText2TextPipeline(Pipeline):
     Generation keyword arguments go to `model.generate()`, beams raised to num_return_sequences (`enough_beams`). A
     setting of `ParaphraseSettings` (given, or in the generation_config) paraphrases through `paraphrase()`: each
     candidate with its `score` and parts (`PARTS`), fewer than asked with a `FewerCandidatesWarning`. An input with
-    nothing to paraphrase (`unreadable`) gets an empty list, a longer one than the model takes is truncated
-    (`truncated`), each with a warning naming the input by `input_numbers` (default 1, 2, ...).
-    """
+    nothing to paraphrase (`unreadable`) gets an empty list, one longer than the model takes is truncated, each with a
+    warning naming it by `input_numbers` (default 1, 2, ...)."""
 
     _pipeline_calls_generate = True  # 5.x: lets the pipeline own a generation config; ignored by 4.57
 
