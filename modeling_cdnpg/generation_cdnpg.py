@@ -1,7 +1,5 @@
 """Granularity-aware paraphrasing: the z rules as logits processors, and `paraphrase()` for ranked, diverse candidates.
 
-    from modeling_cdnpg.generation_cdnpg import granularity_processors, paraphrase
-
     inputs = tokenizer(["how long does it take to get to mars ?"], return_tensors="pt")
     rules = granularity_processors(model, tokenizer, inputs, novelty=0.5, keep_details=0.5)
     ids = model.generate(**inputs, logits_processor=rules)  # transformers' own generate(), every option of it
@@ -9,10 +7,10 @@
     out.sequences, out.sequences_scores  # 5 distinct candidates per input, best first, and their scores
 
 z (eq. 4) is ≈ 0 on sentence-level template tokens, ≈ 1 on phrase-level details (`weigh_source`). With `novelty`, a
-source bigram costs nats as far as it is template (`SourceNgramPenaltyLogitsProcessor`: `encoder_no_repeat_ngram_size`
-would break names and numbers as readily as the template) and an exact copy may not end (`NoCopyLogitsProcessor`);
-with `keep_details`, a source token still owed gains nats as far as it is a detail (`DetailBonusLogitsProcessor`).
-Reasoning and measurements: docs/novelty.md. Remote code: imports only torch and transformers (4.57 and 5.x).
+source bigram costs nats as far as it is template (`SourceNgramPenaltyLogitsProcessor`) and an exact copy may not end
+(`NoCopyLogitsProcessor`); with `keep_details`, a source token still owed gains nats as far as it is a detail
+(`DetailBonusLogitsProcessor`). Reasoning and measurements: docs/novelty.md. Remote code: imports only torch and
+transformers (4.57 and 5.x).
 """
 
 import copy
@@ -42,10 +40,7 @@ COUNTS = {  # ParaphraseSettings' counts: what each counts
     "num_candidates": "candidates generated per input",
     "num_beam_groups": "beam searches per input",
 }
-NO_Z = (
-    "novelty: this model has no granularity heads (granularity_mask='none'), so there is no z to tell template from "
-    "detail: every source bigram is penalised, and every source token kept, alike (a uniform weight)"
-)
+NO_Z = "novelty: no granularity heads (granularity_mask='none'): every source token weighs alike (a uniform weight)"
 UNCALIBRATED = (
     "novelty: this checkpoint's granularity is not calibrated, so the top encoder layer's z is used as it comes; run "
     "cdnpg.calibration.calibrate_granularity(model, tokenizer, texts) once and save the model"
@@ -63,7 +58,7 @@ class CDNPGParaphraseOutput(ModelOutput):
     `i * n + n - 1` belong to input i): their ids `sequences` `(batch * n, length)` and, `(batch * n,)`, what they are
     ranked by (`sequences_scores`, `ranking_weights`) and its parts (`rank_candidates`): the score's always,
     `reverse_log_likelihoods` and `similarities` when it weighs them. A row that could not be filled (fewer distinct
-    candidates than asked for) is padding with score -inf."""
+    candidates than asked for) is padding: -inf (NaN for the overlap and details kept)."""
 
     sequences: torch.LongTensor | None = None
     sequences_scores: torch.FloatTensor | None = None
@@ -112,11 +107,9 @@ class ParaphraseSettings:
     num_return_sequences: candidates returned per input, best first.
     num_candidates, num_beam_groups: see `candidates` and `groups`. At novelty 0 the candidates are one search's beams.
     rank_by: see `ranking_weights`; a ranking other than by the score alone ranks even at novelty 0.
-    similarity: (source texts, candidate texts, as many per source) -> cosines (`cdnpg.ranking.SentenceSimilarity`),
-        for a ranking that weighs "similarity" and no other.
+    similarity: (source texts, candidate texts, as many per source) -> cosines, given exactly when rank_by weighs it.
     allow_copy: the source itself may be a candidate.
-    configured: the fields the generation config gave, named as its own in errors.
-    """
+    configured: the fields the generation config gave, named as its own in errors."""
 
     novelty: float = 0.0
     keep_details: float = 0.0
@@ -139,24 +132,14 @@ class ParaphraseSettings:
                 check_number(named[name], value, f"a positive integer ({what})", lambda count: count >= 1, int)
         wanted, groups = self.num_return_sequences, self.num_beam_groups
         if "num_candidates" not in self.configured and (self.num_candidates or wanted) < wanted:
-            raise ValueError(
-                f"num_candidates={self.num_candidates} must be at least num_return_sequences={wanted}: "
-                "the best num_return_sequences of the num_candidates ranked are returned"
-            )
+            raise ValueError(f"num_candidates={self.num_candidates} must be at least num_return_sequences={wanted}")
         if groups is not None and not self.novelty and groups != 1:
-            raise ValueError(
-                f"num_beam_groups={groups} needs novelty above 0: at 0 the candidates are one search's beams"
-            )
+            raise ValueError(f"num_beam_groups={groups} needs novelty above 0: at 0 there is one search")
         if groups is not None and groups > self.candidates:
-            raise ValueError(
-                f"num_beam_groups={groups} must be at most num_candidates={self.candidates}: each adds one"
-            )
+            raise ValueError(f"num_beam_groups={groups} must be at most num_candidates={self.candidates}")
         self.weights = ranking_weights(self.rank_by)
-        origin = ""  # where rank_by came from, when it was not given
-        if "rank_by" in self.configured:
-            origin = " (the generation config's)"
-        elif self.rank_by == "score":
-            origin = " (the default)"
+        origin = " (the default)" if self.rank_by == "score" else ""  # where rank_by came from, when it was not given
+        origin = " (the generation config's)" if "rank_by" in self.configured else origin
         if "similarity" in self.weights and self.similarity is None:
             raise ValueError(f"rank_by={self.rank_by!r}{origin} {NEEDS_SIMILARITY}")
         if self.similarity is not None and "similarity" not in self.weights:
@@ -177,19 +160,16 @@ class ParaphraseSettings:
 
     @property
     def groups(self) -> int:
-        """Beam searches per input at novelty above 0: num_beam_groups, or num_return_sequences."""
+        """Beam searches per input at novelty above 0, one candidate each: num_beam_groups or num_return_sequences."""
         return self.num_beam_groups or self.num_return_sequences
 
     @classmethod
     def from_generation_config(cls, generation_config: GenerationConfig, **given) -> "ParaphraseSettings":
         """The settings `given` (a value of None is not given), the others the generation config's where it sets
         them (`CONFIGURED`, and num_return_sequences), else the defaults."""
+        names = [name for name in (*CONFIGURED, "num_return_sequences") if given.get(name) is None]
+        default = {name: value for name in names if (value := getattr(generation_config, name, None)) is not None}
         given = {name: value for name, value in given.items() if value is not None}
-        default = {
-            name: getattr(generation_config, name)
-            for name in (*CONFIGURED, "num_return_sequences")
-            if name not in given and getattr(generation_config, name, None) is not None
-        }
         return cls(**default, **given, configured=frozenset(default))
 
 
@@ -199,8 +179,7 @@ SETTINGS = tuple(each.name for each in fields(ParaphraseSettings) if each.init a
 def enough_beams(generation_config: GenerationConfig, generate_kwargs: dict, wanted: int, name: str) -> dict:
     """generate()'s keyword arguments for one search that returns `wanted` sequences: beam search returns at most
     one sequence per beam, so a num_beams given in the call must hold them (else a ValueError), and the generation
-    config's is raised to `wanted`, with a warning. Sampling without beams returns any number of sequences. The rule
-    of `paraphrase()` at novelty 0 and of the pipeline's plain decoding."""
+    config's is raised to `wanted`, with a warning. Sampling without beams returns any number of sequences."""
     given = generate_kwargs.get("num_beams")
     beams = given if given is not None else (generation_config.num_beams or 1)
     sampling = generate_kwargs.get("do_sample", generation_config.do_sample)
@@ -208,10 +187,7 @@ def enough_beams(generation_config: GenerationConfig, generate_kwargs: dict, wan
         return generate_kwargs  # generate() refuses a number of sequences that is not a positive integer
     why = "beam search returns at most one sequence per beam"
     if given is not None:
-        raise ValueError(
-            f"{name}={wanted} cannot exceed num_beams={given}: {why} (with novelty above 0, each candidate has a "
-            "search of its own)"
-        )
+        raise ValueError(f"{name}={wanted} cannot exceed num_beams={given}: {why}")
     said = f"using {wanted} beams to return {wanted} sequences (the generation config's num_beams is {beams}; {why})"
     warnings.warn(said, UserWarning, stacklevel=3)
     return {**generate_kwargs, "num_beams": wanted}
@@ -290,9 +266,8 @@ class PerInputLogitsProcessor(LogitsProcessor):
 
 class SourceNgramPenaltyLogitsProcessor(PerInputLogitsProcessor):
     """Takes `penalties[i, j]` off the score of token `ngrams[i, j, -1]` whenever a hypothesis of input i ends in
-    `ngrams[i, j, :-1]`: a soft, weighted `encoder_no_repeat_ngram_size`, the largest penalty where several n-grams
-    end in the same token. ngrams (b, k, n) and penalties (b, k) are per input (`source_ngrams`), padded with id -1
-    and penalty 0."""
+    `ngrams[i, j, :-1]` (the largest where several n-grams end in the same token): a soft, weighted
+    `encoder_no_repeat_ngram_size`. ngrams (b, k, n) and penalties (b, k), padded with id -1 and penalty 0."""
 
     def __init__(self, ngrams: torch.LongTensor, penalties: torch.Tensor):
         super().__init__(contexts=ngrams[..., :-1], targets=ngrams[..., -1].clamp(min=0), penalties=penalties)
@@ -506,9 +481,7 @@ def score_candidates(model, source: SourceWeights, sequences, novelty: float, ke
     """(score, log_likelihood, source_overlap, details_kept) of each row of `sequences` (input-major): the
     `log_likelihoods`, the mean amounts the two processors, unscaled, give its tokens (`rule_means`), and what beam
     search with both rules maximises,
-
-        score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept
-    """
+        score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept"""
     rows, ends = source.inputs_of(sequences), source.eos_ids
     states = source.encoder_outputs.last_hidden_state[rows]
     likelihood = log_likelihoods(model, source.input_ids[rows], states, source.attention_mask[rows], sequences, ends)
@@ -535,12 +508,9 @@ def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongT
 
 
 class CandidateSelection:
-    """Per input, the candidates chosen so far and the beams offered.
-
-    A beam is new when its content (special tokens left out) is not empty, not chosen before and, unless
-    `allow_copy`, not the source; the source with words appended ("... 2016 ? why ?", what a copy that may not end
-    turns into) is a last resort, taken only when nothing else is left.
-    """
+    """Per input, the candidates chosen so far and the beams offered. A beam is new when its content (special tokens
+    left out) is not empty, not chosen before and, unless `allow_copy`, not the source; the source with words appended
+    ("... 2016 ? why ?", what a copy that may not end turns into) is a last resort, taken when nothing else is left."""
 
     def __init__(self, source: SourceWeights, settings: ParaphraseSettings, tokenizer):
         self.source, self.settings, self.tokenizer = source, settings, tokenizer
@@ -608,36 +578,6 @@ class CandidateSelection:
         return pad_sequence(rows, batch_first=True, padding_value=pad_token_id), filled
 
 
-def checked_call(model, tokenizer, settings, generation_config, kwargs: dict) -> tuple:
-    """A paraphrase() call's settings (given, or from the keyword arguments and the generation config), generation
-    config (a copy, with the call's generate() arguments and z settings) and model kwargs, checked before any work."""
-    config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
-    given = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
-    if settings is None:
-        settings = ParaphraseSettings.from_generation_config(config, **given)
-    elif given:
-        raise TypeError(f"paraphrase() takes its settings as settings= or as keywords, not both: {', '.join(given)}")
-    if "similarity" in settings.weights and tokenizer is None:
-        raise ValueError(f"rank_by={settings.rank_by!r} ranks by similarity, which needs the tokenizer, not None")
-    for name in [name for name in Z_SETTINGS if name in kwargs]:
-        setattr(config, name, kwargs.pop(name))
-    if not settings.novelty:  # one search returns every candidate
-        named = "num_return_sequences" if settings.candidates == settings.num_return_sequences else "num_candidates"
-        kwargs = enough_beams(config, kwargs, settings.candidates, named)
-    model_kwargs = config.update(**kwargs)
-    requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
-    if requested or config.return_dict_in_generate:
-        raise ValueError(
-            f"paraphrase() returns candidates and their scores; for {requested or 'return_dict_in_generate'} call "
-            "model.generate(logits_processor=granularity_processors(...)), transformers' own"
-        )
-    if "encoder_outputs" in model_kwargs or "inputs_embeds" in model_kwargs:
-        raise ValueError("paraphrase() needs the source as input_ids (it reads z from its own encoder pass)")
-    if config.stop_strings is not None:
-        model_kwargs["tokenizer"] = tokenizer  # generate()'s own, for its stop strings
-    return settings, config, model_kwargs
-
-
 def search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs) -> tuple:
     """`settings.candidates` rows per input (b * k, length), input-major, and which rows hold a candidate: at novelty
     0, the beams of the model's own search. Above, diverse beam search (Vijayakumar et al., 2018), its groups decoded
@@ -674,8 +614,7 @@ def rank_candidates(
     """The best num_return_sequences of each input's candidates by the weighted sum of their parts (the model's own
     order at novelty 0 when ranked by the score alone), with the parts: the score's (`score_candidates`) and those of
     `RANKING_PARTS` the ranking weighs: `reverse_log_likelihoods`, `settings.similarity` of the decoded texts (the
-    embedder has its own tokenizer) and rewording = 1 - source_overlap (what iBLEU charges, the source's wording);
-    -inf (NaN for the overlap and details kept) where no candidate was found."""
+    embedder has its own tokenizer) and rewording = 1 - source_overlap (what iBLEU charges, the source's wording)."""
     scored = score_candidates(model, source, sequences, settings.novelty, settings.keep_details)
     parts = dict(zip(("score", "log_likelihood", "source_overlap", "details_kept"), scored))
     if "rewording" in settings.weights:
@@ -720,14 +659,36 @@ def paraphrase(
     **kwargs,
 ) -> CDNPGParaphraseOutput:
     """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules into
-    distinct candidates (`CDNPGParaphraseOutput`).
+    distinct candidates (`CDNPGParaphraseOutput`), all arguments checked before any work.
 
     settings: `ParaphraseSettings`, or its fields as keyword arguments (`ParaphraseSettings.from_generation_config`).
     tokenizer: tells where words start (None: every token is a word) and decodes the texts for a similarity ranking.
     The other keyword arguments are generate()'s, and `novelty_z_layer` / `novelty_z_inverted`, which override the
-    generation config's (a `None` layer: a uniform weight).
-    """
-    settings, config, model_kwargs = checked_call(model, tokenizer, settings, generation_config, kwargs)
+    generation config's (a `None` layer: a uniform weight)."""
+    config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
+    given = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
+    if settings is None:
+        settings = ParaphraseSettings.from_generation_config(config, **given)
+    elif given:
+        raise TypeError(f"paraphrase() takes its settings as settings= or as keywords, not both: {', '.join(given)}")
+    if "similarity" in settings.weights and tokenizer is None:
+        raise ValueError(f"rank_by={settings.rank_by!r} ranks by similarity, which needs the tokenizer, not None")
+    for name in [name for name in Z_SETTINGS if name in kwargs]:
+        setattr(config, name, kwargs.pop(name))
+    if not settings.novelty:  # one search returns every candidate
+        named = "num_return_sequences" if settings.candidates == settings.num_return_sequences else "num_candidates"
+        kwargs = enough_beams(config, kwargs, settings.candidates, named)
+    model_kwargs = config.update(**kwargs)
+    requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
+    if requested or config.return_dict_in_generate:
+        raise ValueError(
+            f"paraphrase() returns candidates and their scores; for {requested or 'return_dict_in_generate'} call "
+            "model.generate(logits_processor=granularity_processors(...)), transformers' own"
+        )
+    if "encoder_outputs" in model_kwargs or "inputs_embeds" in model_kwargs:
+        raise ValueError("paraphrase() needs the source as input_ids (it reads z from its own encoder pass)")
+    if config.stop_strings is not None:
+        model_kwargs["tokenizer"] = tokenizer  # generate()'s own, for its stop strings
     source = weigh_source(
         model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z_settings(model, config)
     )

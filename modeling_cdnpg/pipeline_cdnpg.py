@@ -112,7 +112,6 @@ class CDNPGText2TextPipeline(Pipeline):
             return {"output_ids": per_input(self.model.generate(**model_inputs, **generate_kwargs))}
         outputs = paraphrase(self.model, self.tokenizer, model_inputs, **settings, **generate_kwargs)
         parts = {key: per_input(part) for key, name in PARTS.items() if (part := getattr(outputs, name)) is not None}
-        # the input_ids are named in the warning of fewer candidates than asked
         return {"output_ids": per_input(outputs.sequences), "input_ids": model_inputs["input_ids"], **parts}
 
     def postprocess(self, model_outputs: dict[str, torch.Tensor], clean_up_tokenization_spaces: bool = True):
