@@ -55,10 +55,9 @@ NEEDS_SIMILARITY = (
 @dataclass
 class CDNPGParaphraseOutput(ModelOutput):
     """What `paraphrase()` returns: per input its `num_return_sequences` candidates, best first (rows `i * n` to
-    `i * n + n - 1` belong to input i): their ids `sequences` `(batch * n, length)` and, `(batch * n,)`, what they are
-    ranked by (`sequences_scores`, `ranking_weights`) and its parts (`rank_candidates`): the score's always,
-    `reverse_log_likelihoods` and `similarities` when it weighs them. A row that could not be filled (fewer distinct
-    candidates than asked for) is padding: -inf (NaN for the overlap and details kept)."""
+    `i * n + n - 1`): ids `sequences` `(batch * n, length)`; `(batch * n,)`: `sequences_scores` (the ranking,
+    `ranking_weights`) and its parts, the score's always, `reverse_log_likelihoods` and `similarities` when weighed.
+    A row not filled (fewer distinct candidates than asked for) is padding: -inf (NaN for overlap and details kept)."""
 
     sequences: torch.LongTensor | None = None
     sequences_scores: torch.FloatTensor | None = None
@@ -308,9 +307,8 @@ class NoCopyLogitsProcessor(PerInputLogitsProcessor):
 
 class DetailBonusLogitsProcessor(PerInputLogitsProcessor):
     """Adds `bonuses[i, j]` to the score of source token `source_ids[i, j]` for a hypothesis of input i that holds
-    that token no more often than the source does before j: a pull towards keeping each of the source's tokens once,
-    as strong as the token is a detail (the largest bonus still owed where several source tokens are the same one).
-    source_ids and bonuses (b, s) are per input; padding and special tokens take bonus 0 (or id -1)."""
+    that token no more often than the source does before j (the largest bonus still owed where several are the same
+    token): a pull towards keeping each source token once. source_ids and bonuses (b, s); id -1 takes bonus 0."""
 
     def __init__(self, source_ids: torch.LongTensor, bonuses: torch.Tensor):
         earlier = (source_ids[:, :, None] == source_ids[:, None, :]).tril(-1).sum(-1)  # (b, s): copies before j
@@ -392,18 +390,11 @@ def weigh_source(
     starts = None if tokenizer is None else word_starts(tokenizer, input_ids)
     detail = detail if starts is None else word_detail(detail, starts)
     ngrams, weights = source_ngrams(input_ids, attention_mask, detail, special_ids, starts)
-    return SourceWeights(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        # only the states (and the source ids, for a copy mechanism) travel on: generate() expands what it is given
-        encoder_outputs=type(encoded)(last_hidden_state=encoded.last_hidden_state, source_ids=input_ids),
-        detail=detail,
-        ngrams=ngrams,
-        weights=weights,
-        keep=(detail if read_z else torch.ones_like(detail)) * content_tokens(input_ids, attention_mask, special_ids),
-        special_ids=special_ids,
-        eos_ids=token_ids(config.eos_token_id, device=input_ids.device),
-    )
+    keep = (detail if read_z else torch.ones_like(detail)) * content_tokens(input_ids, attention_mask, special_ids)
+    # only the states (and the source ids, for a copy mechanism) travel on: generate() expands what it is given
+    encoded = type(encoded)(last_hidden_state=encoded.last_hidden_state, source_ids=input_ids)
+    eos_ids = token_ids(config.eos_token_id, device=input_ids.device)
+    return SourceWeights(input_ids, attention_mask, encoded, detail, ngrams, weights, keep, special_ids, eos_ids)
 
 
 def rule_processors(source: SourceWeights, settings: ParaphraseSettings, penalised=None) -> LogitsProcessorList:
@@ -583,7 +574,7 @@ def search_candidates(model, tokenizer, source, settings, config, logits_process
     0, the beams of the model's own search. Above, diverse beam search (Vijayakumar et al., 2018), its groups decoded
     in turn by the standard beam search of transformers 4.57 and 5.x: `settings.groups` searches (more while too few
     beams were found) of ceil(num_beams / groups) beams each, each also penalising the bigrams of the candidates
-    chosen before (`CandidateSelection`); one group is the search a call for one paraphrase runs."""
+    chosen before (`CandidateSelection`)."""
 
     def search(search_config: GenerationConfig, processors) -> torch.LongTensor:  # the model's own generate()
         return model.generate(

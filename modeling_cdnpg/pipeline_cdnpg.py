@@ -128,8 +128,7 @@ class CDNPGText2TextPipeline(Pipeline):
         if len(results) < wanted:
             source = self.tokenizer.decode(model_outputs["input_ids"][0], skip_special_tokens=True)
             shown = source if len(source) <= SHOWN_CHARACTERS else source[: SHOWN_CHARACTERS - 1] + "…"
-            why = "the beam searches found no more that differ from each other and from the input"
-            said = f"{shown!r}: {len(results)} of {wanted} candidates: {why} (more num_beams may find more)"
+            said = f"{shown!r}: {len(results)} of {wanted} candidates: no more distinct (more num_beams may find more)"
             warnings.warn(said, FewerCandidatesWarning, stacklevel=2)
         return results
 
