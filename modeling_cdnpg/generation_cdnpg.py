@@ -4,7 +4,6 @@
     rules = granularity_processors(model, tokenizer, inputs, novelty=0.5, keep_details=0.5)
     ids = model.generate(**inputs, logits_processor=rules)  # transformers' own generate(), every option of it
     out = paraphrase(model, tokenizer, inputs, novelty=0.5, num_return_sequences=5)  # or settings=ParaphraseSettings()
-    out.sequences, out.sequences_scores  # 5 distinct candidates per input, best first, and their scores
 
 z (eq. 4) is ≈ 0 on sentence-level template tokens, ≈ 1 on phrase-level details (`weigh_source`). With `novelty`, a
 source bigram costs nats as far as it is template (`SourceNgramPenaltyLogitsProcessor`) and an exact copy may not end
@@ -139,18 +138,13 @@ class ParaphraseSettings:
         self.weights = ranking_weights(self.rank_by)
         origin = " (the default)" if self.rank_by == "score" else ""  # where rank_by came from, when it was not given
         origin = " (the generation config's)" if "rank_by" in self.configured else origin
+        ranked = f"rank_by={self.rank_by!r}{origin}"
         if "similarity" in self.weights and self.similarity is None:
-            raise ValueError(f"rank_by={self.rank_by!r}{origin} {NEEDS_SIMILARITY}")
+            raise ValueError(f"{ranked} {NEEDS_SIMILARITY}")
         if self.similarity is not None and "similarity" not in self.weights:
-            raise ValueError(
-                f"similarity= is given but rank_by={self.rank_by!r}{origin} does not use it: weigh it (e.g. "
-                "rank_by='score+similarity' or {'score': 1.0, 'similarity': 4.0}), or leave it out"
-            )
+            raise ValueError(f"similarity= is given but {ranked} does not use it: weigh it, or leave it out")
         if self.similarity is not None and not callable(self.similarity):
-            raise TypeError(
-                "similarity must be callable as similarity(sources, candidates) -> cosines, e.g. "
-                f"cdnpg.ranking.SentenceSimilarity; got {type(self.similarity).__name__}"
-            )
+            raise TypeError(f"similarity must be callable: (sources, candidates) -> cosines, got {self.similarity!r}")
 
     @property
     def candidates(self) -> int:
@@ -164,8 +158,7 @@ class ParaphraseSettings:
 
     @classmethod
     def from_generation_config(cls, generation_config: GenerationConfig, **given) -> "ParaphraseSettings":
-        """The settings `given` (a value of None is not given), the others the generation config's where it sets
-        them (`CONFIGURED`, and num_return_sequences), else the defaults."""
+        """The settings `given` (None: not given), else the generation config's: `CONFIGURED`, num_return_sequences."""
         names = [name for name in (*CONFIGURED, "num_return_sequences") if given.get(name) is None]
         default = {name: value for name in names if (value := getattr(generation_config, name, None)) is not None}
         given = {name: value for name, value in given.items() if value is not None}
@@ -176,14 +169,13 @@ SETTINGS = tuple(each.name for each in fields(ParaphraseSettings) if each.init a
 
 
 def enough_beams(generation_config: GenerationConfig, generate_kwargs: dict, wanted: int, name: str) -> dict:
-    """generate()'s keyword arguments for one search that returns `wanted` sequences: beam search returns at most
-    one sequence per beam, so a num_beams given in the call must hold them (else a ValueError), and the generation
-    config's is raised to `wanted`, with a warning. Sampling without beams returns any number of sequences."""
+    """generate()'s keyword arguments for one search returning `wanted` sequences, at most one per beam: a num_beams
+    given in the call must hold them (else a ValueError), the generation config's is raised to them (a warning)."""
     given = generate_kwargs.get("num_beams")
     beams = given if given is not None else (generation_config.num_beams or 1)
     sampling = generate_kwargs.get("do_sample", generation_config.do_sample)
     if not isinstance(wanted, int) or wanted <= beams or (beams == 1 and sampling):
-        return generate_kwargs  # generate() refuses a number of sequences that is not a positive integer
+        return generate_kwargs  # sampling returns any number; generate() refuses one that is not a positive integer
     why = "beam search returns at most one sequence per beam"
     if given is not None:
         raise ValueError(f"{name}={wanted} cannot exceed num_beams={given}: {why}")
@@ -231,19 +223,16 @@ def source_ngrams(
     starts: torch.Tensor | None = None,
 ) -> tuple[torch.LongTensor, torch.Tensor]:
     """The n-grams of each source (b, k, n) and their template weights (b, k): 1 - max(detail) over the n-gram's
-    non-special tokens (the source's first special token is the one the decoder starts with). Weight 0 (and id -1,
-    which no generated token matches) for an n-gram that ends in a special token, holds padding, has no other token,
-    or, given word `starts` (b, s), ends inside a word: penalising that token would split the word into a non-word.
-    detail (b, s): z of each source token, in [0, 1] (all 0 for a uniform weight)."""
-    ids = input_ids.masked_fill(~attention_mask.bool(), -1)
-    windows = ids.unfold(1, NGRAM_SIZE, 1)  # (b, k, n)
+    non-special tokens (the decoder starts with one). Weight 0 (and id -1, which no generated token matches) for an
+    n-gram that ends in a special token, holds padding, is all special, or, given word `starts` (b, s), ends inside a
+    word (penalising that token would split the word). detail (b, s): z of each source token in [0, 1] (0: uniform)."""
+    windows = input_ids.masked_fill(~attention_mask.bool(), -1).unfold(1, NGRAM_SIZE, 1)  # (b, k, n)
     special = torch.isin(windows, special_ids)
     details = detail.float().unfold(1, NGRAM_SIZE, 1).masked_fill(special, 0.0)
-    weights = 1 - details.amax(-1)
     valid = (windows >= 0).all(-1) & ~special[..., -1] & ~special.all(-1)
     if starts is not None:
         valid &= starts.unfold(1, NGRAM_SIZE, 1)[..., -1]
-    return windows.masked_fill(~valid[..., None], -1), weights.masked_fill(~valid, 0.0)
+    return windows.masked_fill(~valid[..., None], -1), (1 - details.amax(-1)).masked_fill(~valid, 0.0)
 
 
 class PerInputLogitsProcessor(LogitsProcessor):
@@ -325,9 +314,9 @@ class DetailBonusLogitsProcessor(PerInputLogitsProcessor):
 
 @dataclass
 class SourceWeights:
-    """A batch of sources read for the rules: the encoder's output (reused for decoding and scoring), each token's
-    detail (z, per word; 0 for a uniform weight), `source_ngrams`, each token's weight to keep (its detail, 1 for a
-    uniform weight, 0 for special tokens and padding), and the ids the rules treat as special and as the end."""
+    """A batch of sources read for the rules, encoded once for decoding and scoring: each token's detail (z per word;
+    0 for a uniform weight), `source_ngrams`, each token's weight to keep (its detail, 1 for a uniform weight; 0 for
+    special tokens and padding), and the ids the rules treat as special and as the end."""
 
     input_ids: torch.LongTensor
     attention_mask: torch.Tensor
@@ -341,8 +330,7 @@ class SourceWeights:
 
     def inputs_of(self, sequences: torch.Tensor) -> torch.LongTensor:
         """The input each row of `sequences` belongs to (input-major, as many rows per input)."""
-        batch = self.input_ids.shape[0]
-        return torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
+        return torch.arange(len(sequences), device=sequences.device) // (len(sequences) // len(self.input_ids))
 
 
 def z_settings(model, generation_config: GenerationConfig | None = None) -> tuple[int | None, bool]:
@@ -469,9 +457,8 @@ def rule_means(processor: LogitsProcessor, sequences: torch.Tensor, vocab_size: 
 
 
 def score_candidates(model, source: SourceWeights, sequences, novelty: float, keep_details: float):
-    """(score, log_likelihood, source_overlap, details_kept) of each row of `sequences` (input-major): the
-    `log_likelihoods`, the mean amounts the two processors, unscaled, give its tokens (`rule_means`), and what beam
-    search with both rules maximises,
+    """(score, log_likelihood, source_overlap, details_kept) per row of `sequences`: `log_likelihoods`, the mean
+    amounts the unscaled processors give its tokens (`rule_means`), and what beam search with both rules maximises,
         score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept"""
     rows, ends = source.inputs_of(sequences), source.eos_ids
     states = source.encoder_outputs.last_hidden_state[rows]
@@ -501,7 +488,7 @@ def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongT
 class CandidateSelection:
     """Per input, the candidates chosen so far and the beams offered. A beam is new when its content (special tokens
     left out) is not empty, not chosen before and, unless `allow_copy`, not the source; the source with words appended
-    ("... 2016 ? why ?", what a copy that may not end turns into) is a last resort, taken when nothing else is left."""
+    (what a copy that may not end turns into) is a last resort, taken when nothing else is left."""
 
     def __init__(self, source: SourceWeights, settings: ParaphraseSettings, tokenizer):
         self.source, self.settings, self.tokenizer = source, settings, tokenizer
@@ -528,9 +515,8 @@ class CandidateSelection:
         self.taken[i].add(self.content(ids))
 
     def penalised_ngrams(self) -> tuple[torch.LongTensor, torch.Tensor]:
-        """Per input (b, k, n) and (b, k): its source's n-grams at novelty * MAX_PENALTY times their weight, and the
-        bigrams of its candidates chosen so far at DIVERSITY_PENALTY times their template weight, a token's detail
-        being its largest z in the source (0 for a token not in it)."""
+        """Per input (b, k, n) and (b, k): its source's n-grams at novelty * MAX_PENALTY times their weight, and its
+        chosen candidates' bigrams at DIVERSITY_PENALTY times their template weight (detail: a token's largest z)."""
         source, grams, costs = self.source, [], []
         for i, candidates in enumerate(self.chosen):
             bag = [(source.ngrams[i], self.settings.novelty * MAX_PENALTY * source.weights[i])]
@@ -571,10 +557,9 @@ class CandidateSelection:
 
 def search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs) -> tuple:
     """`settings.candidates` rows per input (b * k, length), input-major, and which rows hold a candidate: at novelty
-    0, the beams of the model's own search. Above, diverse beam search (Vijayakumar et al., 2018), its groups decoded
-    in turn by the standard beam search of transformers 4.57 and 5.x: `settings.groups` searches (more while too few
-    beams were found) of ceil(num_beams / groups) beams each, each also penalising the bigrams of the candidates
-    chosen before (`CandidateSelection`)."""
+    0, the beams of the model's own search; above, diverse beam search (Vijayakumar et al., 2018), groups decoded in
+    turn by transformers' standard beam search: `settings.groups` searches (more while too few beams were found) of
+    ceil(num_beams / groups) beams each, each also penalising the bigrams of the candidates chosen before."""
 
     def search(search_config: GenerationConfig, processors) -> torch.LongTensor:  # the model's own generate()
         return model.generate(
@@ -602,14 +587,13 @@ def search_candidates(model, tokenizer, source, settings, config, logits_process
 def rank_candidates(
     model, tokenizer, source: SourceWeights, sequences, filled, settings: ParaphraseSettings
 ) -> CDNPGParaphraseOutput:
-    """The best num_return_sequences of each input's candidates by the weighted sum of their parts (the model's own
-    order at novelty 0 when ranked by the score alone), with the parts: the score's (`score_candidates`) and those of
-    `RANKING_PARTS` the ranking weighs: `reverse_log_likelihoods`, `settings.similarity` of the decoded texts (the
-    embedder has its own tokenizer) and rewording = 1 - source_overlap (what iBLEU charges, the source's wording)."""
+    """The best num_return_sequences of each input's candidates by the weighted sum of their parts (at novelty 0 by
+    the score alone: the model's own order): the score's (`score_candidates`), and as weighed
+    `reverse_log_likelihoods`, `settings.similarity` of the decoded texts and rewording = 1 - source_overlap."""
     scored = score_candidates(model, source, sequences, settings.novelty, settings.keep_details)
     parts = dict(zip(("score", "log_likelihood", "source_overlap", "details_kept"), scored))
     if "rewording" in settings.weights:
-        parts["rewording"] = 1 - parts["source_overlap"]
+        parts["rewording"] = 1 - parts["source_overlap"]  # the source's wording, what iBLEU charges
     if "reverse_likelihood" in settings.weights:
         parts["reverse_likelihood"] = reverse_log_likelihoods(model, source, sequences)
     if "similarity" in settings.weights:
@@ -625,17 +609,16 @@ def rank_candidates(
         best_first = ranking.view(batch, k).argsort(dim=-1, descending=True, stable=True)
     order = (best_first[:, :n] + torch.arange(batch, device=device)[:, None] * k).flatten()
 
-    def returned(name: str, empty: float) -> torch.Tensor | None:
-        return parts[name].masked_fill(~filled, empty)[order] if name in parts else None
-
+    empty = {"source_overlap": math.nan, "details_kept": math.nan}  # where no candidate was found; the others -inf
+    out = {name: part.masked_fill(~filled, empty.get(name, -math.inf))[order] for name, part in parts.items()}
     return CDNPGParaphraseOutput(
         sequences=sequences[order],
         sequences_scores=ranking[order],
-        log_likelihoods=returned("log_likelihood", -math.inf),
-        source_overlaps=returned("source_overlap", math.nan),
-        details_kept=returned("details_kept", math.nan),
-        reverse_log_likelihoods=returned("reverse_likelihood", -math.inf),
-        similarities=returned("similarity", -math.inf),
+        log_likelihoods=out["log_likelihood"],
+        source_overlaps=out["source_overlap"],
+        details_kept=out["details_kept"],
+        reverse_log_likelihoods=out.get("reverse_likelihood"),
+        similarities=out.get("similarity"),
     )
 
 
