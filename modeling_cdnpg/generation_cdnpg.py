@@ -1,22 +1,15 @@
 """Granularity-aware paraphrasing: the z rules as logits processors, and `paraphrase()` for ranked, diverse candidates.
 
-    from modeling_cdnpg.generation_cdnpg import granularity_processors, paraphrase
-
     inputs = tokenizer(["how long does it take to get to mars ?"], return_tensors="pt")
     rules = granularity_processors(model, tokenizer, inputs, novelty=0.5, keep_details=0.5)
     ids = model.generate(**inputs, logits_processor=rules)  # transformers' own generate(), every option of it
     out = paraphrase(model, tokenizer, inputs, novelty=0.5, num_return_sequences=5)  # or settings=ParaphraseSettings()
-    out.sequences, out.sequences_scores  # 5 distinct candidates per input, best first, and their scores
 
-Beam search on a paraphrase model copies much of its input; `encoder_no_repeat_ngram_size` treats every source word
-alike, breaking names and numbers as readily as the template. z (eq. 4) tells them apart: ≈ 0 on sentence-level
-template tokens, ≈ 1 on phrase-level details (`weigh_source`). With `novelty`, a source bigram costs nats as far as
-it is template (`SourceNgramPenaltyLogitsProcessor`) and an exact copy may not end (`NoCopyLogitsProcessor`); with
-`keep_details`, a source token still owed gains nats as far as it is a detail (`DetailBonusLogitsProcessor`); the
-amounts are `rule_processors`'. Reasoning and measurements: docs/novelty.md.
-
-`paraphrase()` checks its settings, searches, scores and ranks. Remote code, copied into every checkpoint: imports only
-torch and transformers (4.57 and 5.x).
+z (eq. 4) is ≈ 0 on sentence-level template tokens, ≈ 1 on phrase-level details (`weigh_source`). With `novelty`, a
+source bigram costs nats as far as it is template (`SourceNgramPenaltyLogitsProcessor`) and an exact copy may not end
+(`NoCopyLogitsProcessor`); with `keep_details`, a source token still owed gains nats as far as it is a detail
+(`DetailBonusLogitsProcessor`). Reasoning and measurements: docs/novelty.md. Remote code: imports only torch and
+transformers (4.57 and 5.x).
 """
 
 import copy
@@ -46,10 +39,7 @@ COUNTS = {  # ParaphraseSettings' counts: what each counts
     "num_candidates": "candidates generated per input",
     "num_beam_groups": "beam searches per input",
 }
-NO_Z = (
-    "novelty: this model has no granularity heads (granularity_mask='none'), so there is no z to tell template from "
-    "detail: every source bigram is penalised, and every source token kept, alike (a uniform weight)"
-)
+NO_Z = "novelty: no granularity heads (granularity_mask='none'): every source token weighs alike (a uniform weight)"
 UNCALIBRATED = (
     "novelty: this checkpoint's granularity is not calibrated, so the top encoder layer's z is used as it comes; run "
     "cdnpg.calibration.calibrate_granularity(model, tokenizer, texts) once and save the model"
@@ -63,12 +53,10 @@ NEEDS_SIMILARITY = (
 
 @dataclass
 class CDNPGParaphraseOutput(ModelOutput):
-    """What `paraphrase()` returns: for every input its `num_return_sequences` candidates, best first (rows `i * n`
-    to `i * n + n - 1` belong to input i), the candidates' ids `sequences` (`(batch * n, length)`) and the rest
-    `(batch * n,)`: `sequences_scores`, what they are ranked by (`ranking_weights`), and the parts of the ranking
-    (`ranking_parts`), those of the score always, `reverse_log_likelihoods` and `similarities` when it weighs them.
-    A row that could not be filled (fewer distinct candidates than asked for) is padding with score -inf.
-    """
+    """What `paraphrase()` returns: per input its `num_return_sequences` candidates, best first (rows `i * n` to
+    `i * n + n - 1`): ids `sequences` `(batch * n, length)`; `(batch * n,)`: `sequences_scores` (the ranking,
+    `ranking_weights`) and its parts, the score's always, `reverse_log_likelihoods` and `similarities` when weighed.
+    A row not filled (fewer distinct candidates than asked for) is padding: -inf (NaN for overlap and details kept)."""
 
     sequences: torch.LongTensor | None = None
     sequences_scores: torch.FloatTensor | None = None
@@ -80,8 +68,7 @@ class CDNPGParaphraseOutput(ModelOutput):
 
 
 def check_number(name: str, value, allowed: str, within: Callable[[float], bool], kinds: type | tuple = (int, float)):
-    """A ValueError naming `name` and what it takes (`allowed`) unless `value` is of `kinds` (a bool is no number)
-    and `within(value)` holds."""
+    """A ValueError naming `name` and what it takes (`allowed`) unless `value` is of `kinds` (no bool) and `within`."""
     if isinstance(value, bool) or not isinstance(value, kinds) or not within(value):
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
@@ -116,15 +103,11 @@ class ParaphraseSettings:
 
     novelty, keep_details: the strengths of the two rules, in [0, 1]; at 0 and 0, the model's own decoding.
     num_return_sequences: candidates returned per input, best first.
-    num_candidates, num_beam_groups: see `candidates` and `groups` (a generation config's num_candidates is raised
-        to num_return_sequences). At novelty 0 the candidates are one search's beams.
-    rank_by: see `ranking_weights`, e.g. {"score": 1.0, "similarity": 4.0}; a ranking other than by the score alone
-        ranks even at novelty 0.
-    similarity: (source texts, candidate texts, as many per source) -> cosines (`cdnpg.ranking.SentenceSimilarity`),
-        for a ranking that weighs "similarity" and no other.
+    num_candidates, num_beam_groups: see `candidates` and `groups`. At novelty 0 the candidates are one search's beams.
+    rank_by: see `ranking_weights`; a ranking other than by the score alone ranks even at novelty 0.
+    similarity: (source texts, candidate texts, as many per source) -> cosines, given exactly when rank_by weighs it.
     allow_copy: the source itself may be a candidate.
-    configured: the fields the generation config gave, named as its own in errors.
-    """
+    configured: the fields the generation config gave, named as its own in errors."""
 
     novelty: float = 0.0
     keep_details: float = 0.0
@@ -147,59 +130,38 @@ class ParaphraseSettings:
                 check_number(named[name], value, f"a positive integer ({what})", lambda count: count >= 1, int)
         wanted, groups = self.num_return_sequences, self.num_beam_groups
         if "num_candidates" not in self.configured and (self.num_candidates or wanted) < wanted:
-            raise ValueError(
-                f"num_candidates={self.num_candidates} must be at least num_return_sequences={wanted}: "
-                "the best num_return_sequences of the num_candidates ranked are returned"
-            )
+            raise ValueError(f"num_candidates={self.num_candidates} must be at least num_return_sequences={wanted}")
         if groups is not None and not self.novelty and groups != 1:
-            raise ValueError(
-                f"num_beam_groups={groups} needs novelty above 0: at 0 the candidates are one search's beams"
-            )
+            raise ValueError(f"num_beam_groups={groups} needs novelty above 0: at 0 there is one search")
         if groups is not None and groups > self.candidates:
-            raise ValueError(
-                f"num_beam_groups={groups} must be at most num_candidates={self.candidates}: each adds one"
-            )
+            raise ValueError(f"num_beam_groups={groups} must be at most num_candidates={self.candidates}")
         self.weights = ranking_weights(self.rank_by)
-        origin = ""  # where rank_by came from, when it was not given
-        if "rank_by" in self.configured:
-            origin = " (the generation config's)"
-        elif self.rank_by == "score":
-            origin = " (the default)"
+        origin = " (the default)" if self.rank_by == "score" else ""  # where rank_by came from, when it was not given
+        origin = " (the generation config's)" if "rank_by" in self.configured else origin
+        ranked = f"rank_by={self.rank_by!r}{origin}"
         if "similarity" in self.weights and self.similarity is None:
-            raise ValueError(f"rank_by={self.rank_by!r}{origin} {NEEDS_SIMILARITY}")
+            raise ValueError(f"{ranked} {NEEDS_SIMILARITY}")
         if self.similarity is not None and "similarity" not in self.weights:
-            raise ValueError(
-                f"similarity= is given but rank_by={self.rank_by!r}{origin} does not use it: weigh it (e.g. "
-                "rank_by='score+similarity' or {'score': 1.0, 'similarity': 4.0}), or leave it out"
-            )
+            raise ValueError(f"similarity= is given but {ranked} does not use it: weigh it, or leave it out")
         if self.similarity is not None and not callable(self.similarity):
-            raise TypeError(
-                "similarity must be callable as similarity(sources, candidates) -> cosines, e.g. "
-                f"cdnpg.ranking.SentenceSimilarity; got {type(self.similarity).__name__}"
-            )
+            raise TypeError(f"similarity must be callable: (sources, candidates) -> cosines, got {self.similarity!r}")
 
     @property
     def candidates(self) -> int:
-        """Candidates generated and ranked per input: num_candidates (None: num_return_sequences), at least
-        num_return_sequences."""
+        """Candidates generated and ranked per input: num_candidates (or None), raised to num_return_sequences."""
         return max(self.num_candidates or 1, self.num_return_sequences)
 
     @property
     def groups(self) -> int:
-        """Beam searches the candidates come from with novelty above 0 (`search_candidates`): num_beam_groups (None:
-        num_return_sequences), at most num_candidates."""
+        """Beam searches per input at novelty above 0, one candidate each: num_beam_groups or num_return_sequences."""
         return self.num_beam_groups or self.num_return_sequences
 
     @classmethod
     def from_generation_config(cls, generation_config: GenerationConfig, **given) -> "ParaphraseSettings":
-        """The settings `given` (a value of None is not given), the others the generation config's where it sets
-        them (`CONFIGURED`, and num_return_sequences), else the defaults."""
+        """The settings `given` (None: not given), else the generation config's: `CONFIGURED`, num_return_sequences."""
+        names = [name for name in (*CONFIGURED, "num_return_sequences") if given.get(name) is None]
+        default = {name: value for name in names if (value := getattr(generation_config, name, None)) is not None}
         given = {name: value for name, value in given.items() if value is not None}
-        default = {
-            name: getattr(generation_config, name)
-            for name in (*CONFIGURED, "num_return_sequences")
-            if name not in given and getattr(generation_config, name, None) is not None
-        }
         return cls(**default, **given, configured=frozenset(default))
 
 
@@ -207,43 +169,33 @@ SETTINGS = tuple(each.name for each in fields(ParaphraseSettings) if each.init a
 
 
 def enough_beams(generation_config: GenerationConfig, generate_kwargs: dict, wanted: int, name: str) -> dict:
-    """generate()'s keyword arguments for one search that returns `wanted` sequences: beam search returns at most
-    one sequence per beam, so a num_beams given in the call must hold them (else a ValueError), and the generation
-    config's is raised to `wanted`, with a warning. Sampling without beams returns any number of sequences. The rule
-    of `paraphrase()` at novelty 0 and of the pipeline's plain decoding."""
+    """generate()'s keyword arguments for one search returning `wanted` sequences, at most one per beam: a num_beams
+    given in the call must hold them (else a ValueError), the generation config's is raised to them (a warning)."""
     given = generate_kwargs.get("num_beams")
     beams = given if given is not None else (generation_config.num_beams or 1)
     sampling = generate_kwargs.get("do_sample", generation_config.do_sample)
     if not isinstance(wanted, int) or wanted <= beams or (beams == 1 and sampling):
-        return generate_kwargs  # generate() refuses a number of sequences that is not a positive integer
+        return generate_kwargs  # sampling returns any number; generate() refuses one that is not a positive integer
     why = "beam search returns at most one sequence per beam"
     if given is not None:
-        raise ValueError(
-            f"{name}={wanted} cannot exceed num_beams={given}: {why} (with novelty above 0, each candidate has a "
-            "search of its own)"
-        )
+        raise ValueError(f"{name}={wanted} cannot exceed num_beams={given}: {why}")
     said = f"using {wanted} beams to return {wanted} sequences (the generation config's num_beams is {beams}; {why})"
     warnings.warn(said, UserWarning, stacklevel=3)
     return {**generate_kwargs, "num_beams": wanted}
 
 
-def _is_punctuation(text: str) -> bool:
-    return bool(text) and not any(character.isalnum() or character.isspace() for character in text)
-
-
 def word_starts(tokenizer: PreTrainedTokenizerBase, input_ids: torch.LongTensor) -> torch.Tensor:
-    """(b, s) bool: whether each token starts a word. A token starts a word when the tokenizer writes a space
-    between it and the token before it, when it or the token before it is punctuation alone, and when it or the
-    token before it is special. So WordPiece's "##" pieces, byte-level BPE's pieces without "Ġ" and SentencePiece's
-    without "▁" continue a word, and "?" is a word of its own after "python" whether the tokenizer writes a space
-    before it (WordPiece) or not (byte-level BPE's "python?")."""
+    """(b, s) bool: whether each token starts a word: the tokenizer writes a space between it and the token before
+    it, or either is special or punctuation alone. So WordPiece's "##" pieces, byte-level BPE's pieces without "Ġ"
+    and SentencePiece's without "▁" continue a word, and "?" is a word of its own after "python", spaced or not."""
     special = set(tokenizer.all_special_ids)
     starts = []
     for ids in input_ids.tolist():
         tokens = tokenizer.convert_ids_to_tokens(ids)
+        texts = [tokenizer.convert_tokens_to_string([token]).strip() for token in tokens]
         apart = [  # a token that is a word of its own: special, or punctuation alone
-            token in special or _is_punctuation(tokenizer.convert_tokens_to_string([text]).strip())
-            for token, text in zip(ids, tokens)
+            token in special or (bool(text) and not any(char.isalnum() or char.isspace() for char in text))
+            for token, text in zip(ids, texts)
         ]
         joined = [tokenizer.convert_tokens_to_string(tokens[j - 1 : j + 1]).strip() for j in range(1, len(ids))]
         spaced = [any(character.isspace() for character in text) for text in joined]  # a space before token j + 1
@@ -252,8 +204,7 @@ def word_starts(tokenizer: PreTrainedTokenizerBase, input_ids: torch.LongTensor)
 
 
 def word_detail(detail: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """Every token's detail (b, s) replaced by its word's, the largest over the word's pieces: a word is as much a
-    detail as its most detailed piece."""
+    """Every token's detail (b, s) replaced by its word's: a word is as much a detail as its most detailed piece."""
     word = starts.long().cumsum(-1) - 1
     per_word = torch.zeros_like(detail).scatter_reduce(1, word, detail, "amax", include_self=False)
     return per_word.gather(1, word)
@@ -272,19 +223,16 @@ def source_ngrams(
     starts: torch.Tensor | None = None,
 ) -> tuple[torch.LongTensor, torch.Tensor]:
     """The n-grams of each source (b, k, n) and their template weights (b, k): 1 - max(detail) over the n-gram's
-    non-special tokens (the source's first special token is the one the decoder starts with). Weight 0 (and id -1,
-    which no generated token matches) for an n-gram that ends in a special token, holds padding, has no other token,
-    or, given word `starts` (b, s), ends inside a word: penalising that token would split the word into a non-word.
-    detail (b, s): z of each source token, in [0, 1] (all 0 for a uniform weight)."""
-    ids = input_ids.masked_fill(~attention_mask.bool(), -1)
-    windows = ids.unfold(1, NGRAM_SIZE, 1)  # (b, k, n)
+    non-special tokens (the decoder starts with one). Weight 0 (and id -1, which no generated token matches) for an
+    n-gram that ends in a special token, holds padding, is all special, or, given word `starts` (b, s), ends inside a
+    word (penalising that token would split the word). detail (b, s): z of each source token in [0, 1] (0: uniform)."""
+    windows = input_ids.masked_fill(~attention_mask.bool(), -1).unfold(1, NGRAM_SIZE, 1)  # (b, k, n)
     special = torch.isin(windows, special_ids)
     details = detail.float().unfold(1, NGRAM_SIZE, 1).masked_fill(special, 0.0)
-    weights = 1 - details.amax(-1)
     valid = (windows >= 0).all(-1) & ~special[..., -1] & ~special.all(-1)
     if starts is not None:
         valid &= starts.unfold(1, NGRAM_SIZE, 1)[..., -1]
-    return windows.masked_fill(~valid[..., None], -1), weights.masked_fill(~valid, 0.0)
+    return windows.masked_fill(~valid[..., None], -1), (1 - details.amax(-1)).masked_fill(~valid, 0.0)
 
 
 class PerInputLogitsProcessor(LogitsProcessor):
@@ -306,9 +254,8 @@ class PerInputLogitsProcessor(LogitsProcessor):
 
 class SourceNgramPenaltyLogitsProcessor(PerInputLogitsProcessor):
     """Takes `penalties[i, j]` off the score of token `ngrams[i, j, -1]` whenever a hypothesis of input i ends in
-    `ngrams[i, j, :-1]`: a soft, weighted `encoder_no_repeat_ngram_size`, the largest penalty where several n-grams
-    end in the same token. ngrams (b, k, n) and penalties (b, k) are per input (`source_ngrams`), padded with id -1
-    and penalty 0."""
+    `ngrams[i, j, :-1]` (the largest where several n-grams end in the same token): a soft, weighted
+    `encoder_no_repeat_ngram_size`. ngrams (b, k, n) and penalties (b, k), padded with id -1 and penalty 0."""
 
     def __init__(self, ngrams: torch.LongTensor, penalties: torch.Tensor):
         super().__init__(contexts=ngrams[..., :-1], targets=ngrams[..., -1].clamp(min=0), penalties=penalties)
@@ -349,9 +296,8 @@ class NoCopyLogitsProcessor(PerInputLogitsProcessor):
 
 class DetailBonusLogitsProcessor(PerInputLogitsProcessor):
     """Adds `bonuses[i, j]` to the score of source token `source_ids[i, j]` for a hypothesis of input i that holds
-    that token no more often than the source does before j: a pull towards keeping each of the source's tokens once,
-    as strong as the token is a detail (the largest bonus still owed where several source tokens are the same one).
-    source_ids and bonuses (b, s) are per input; padding and special tokens take bonus 0 (or id -1)."""
+    that token no more often than the source does before j (the largest bonus still owed where several are the same
+    token): a pull towards keeping each source token once. source_ids and bonuses (b, s); id -1 takes bonus 0."""
 
     def __init__(self, source_ids: torch.LongTensor, bonuses: torch.Tensor):
         earlier = (source_ids[:, :, None] == source_ids[:, None, :]).tril(-1).sum(-1)  # (b, s): copies before j
@@ -368,9 +314,9 @@ class DetailBonusLogitsProcessor(PerInputLogitsProcessor):
 
 @dataclass
 class SourceWeights:
-    """A batch of sources read for the rules: the encoder's output (reused for decoding and scoring), each token's
-    detail (z, per word; 0 for a uniform weight), `source_ngrams`, each token's weight to keep (its detail, 1 for a
-    uniform weight, 0 for special tokens and padding), and the ids the rules treat as special and as the end."""
+    """A batch of sources read for the rules, encoded once for decoding and scoring: each token's detail (z per word;
+    0 for a uniform weight), `source_ngrams`, each token's weight to keep (its detail, 1 for a uniform weight; 0 for
+    special tokens and padding), and the ids the rules treat as special and as the end."""
 
     input_ids: torch.LongTensor
     attention_mask: torch.Tensor
@@ -384,8 +330,7 @@ class SourceWeights:
 
     def inputs_of(self, sequences: torch.Tensor) -> torch.LongTensor:
         """The input each row of `sequences` belongs to (input-major, as many rows per input)."""
-        batch = self.input_ids.shape[0]
-        return torch.arange(batch, device=sequences.device).repeat_interleave(sequences.shape[0] // batch)
+        return torch.arange(len(sequences), device=sequences.device) // (len(sequences) // len(self.input_ids))
 
 
 def z_settings(model, generation_config: GenerationConfig | None = None) -> tuple[int | None, bool]:
@@ -430,23 +375,14 @@ def weigh_source(
     config = model.generation_config
     specials = [config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id]
     special_ids = token_ids(*specials, device=input_ids.device)
-    starts = word_starts(tokenizer, input_ids) if tokenizer is not None else None
-    if starts is not None:
-        detail = word_detail(detail, starts)
+    starts = None if tokenizer is None else word_starts(tokenizer, input_ids)
+    detail = detail if starts is None else word_detail(detail, starts)
     ngrams, weights = source_ngrams(input_ids, attention_mask, detail, special_ids, starts)
-    content = content_tokens(input_ids, attention_mask, special_ids)
-    return SourceWeights(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        # only the states (and the source ids, for a copy mechanism) travel on: generate() expands what it is given
-        encoder_outputs=type(encoded)(last_hidden_state=encoded.last_hidden_state, source_ids=input_ids),
-        detail=detail,
-        ngrams=ngrams,
-        weights=weights,
-        keep=(detail if read_z else torch.ones_like(detail)) * content,
-        special_ids=special_ids,
-        eos_ids=token_ids(config.eos_token_id, device=input_ids.device),
-    )
+    keep = (detail if read_z else torch.ones_like(detail)) * content_tokens(input_ids, attention_mask, special_ids)
+    # only the states (and the source ids, for a copy mechanism) travel on: generate() expands what it is given
+    encoded = type(encoded)(last_hidden_state=encoded.last_hidden_state, source_ids=input_ids)
+    eos_ids = token_ids(config.eos_token_id, device=input_ids.device)
+    return SourceWeights(input_ids, attention_mask, encoded, detail, ngrams, weights, keep, special_ids, eos_ids)
 
 
 def rule_processors(source: SourceWeights, settings: ParaphraseSettings, penalised=None) -> LogitsProcessorList:
@@ -521,13 +457,9 @@ def rule_means(processor: LogitsProcessor, sequences: torch.Tensor, vocab_size: 
 
 
 def score_candidates(model, source: SourceWeights, sequences, novelty: float, keep_details: float):
-    """(score, log_likelihood, source_overlap, details_kept) of each row of `sequences` (input-major, as many rows
-    per input): what the beam search with both rules maximises,
-
-        score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept
-
-    with `log_likelihoods`' and, each rule written once, the mean amounts the two processors, unscaled, give the
-    candidate's tokens (`rule_means`)."""
+    """(score, log_likelihood, source_overlap, details_kept) per row of `sequences`: `log_likelihoods`, the mean
+    amounts the unscaled processors give its tokens (`rule_means`), and what beam search with both rules maximises,
+        score = log_likelihood - novelty * MAX_PENALTY * source_overlap + keep_details * MAX_BONUS * details_kept"""
     rows, ends = source.inputs_of(sequences), source.eos_ids
     states = source.encoder_outputs.last_hidden_state[rows]
     likelihood = log_likelihoods(model, source.input_ids[rows], states, source.attention_mask[rows], sequences, ends)
@@ -541,9 +473,8 @@ def score_candidates(model, source: SourceWeights, sequences, novelty: float, ke
 @torch.no_grad()
 def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongTensor) -> torch.Tensor:
     """Mean log p(x_t | x_<t, y) over each source x's tokens (end token included), teacher-forced, with its candidate
-    y (rows of `sequences`, input-major) as the encoder's input: how well the candidate gives the source back under
-    the same model, which a model trained on both directions (run.py --both_directions) has learnt. The candidate is
-    wrapped as a source is (the source's first token in place of the decoder start, its end token, no padding)."""
+    y (rows of `sequences`, input-major) as the encoder's input, wrapped as a source is (the source's first token in
+    place of the decoder start, its end token, no padding): what a model trained on both directions has learnt."""
     rows, pad = source.inputs_of(sequences), model.config.pad_token_id or 0
     kept = F.pad(generated_mask(sequences, source.eos_ids), (1, 0), value=True)  # the start, the tokens, the end
     candidates = sequences.masked_fill(~kept, pad)
@@ -554,32 +485,10 @@ def reverse_log_likelihoods(model, source: SourceWeights, sequences: torch.LongT
     return log_likelihoods(model, candidates, states.last_hidden_state, kept.long(), targets, source.eos_ids)
 
 
-def ranking_parts(model, tokenizer, source: SourceWeights, sequences, settings: ParaphraseSettings) -> dict:
-    """Each candidate's score and its parts (`score_candidates`), and the parts of `RANKING_PARTS` that the ranking
-    weighs: `reverse_log_likelihoods`, `settings.similarity` of the decoded texts (the embedder has its own
-    tokenizer) and 1 - source_overlap (what iBLEU charges, the source's wording)."""
-    score, likelihood, overlap, kept = score_candidates(
-        model, source, sequences, settings.novelty, settings.keep_details
-    )
-    parts = {"score": score, "log_likelihood": likelihood, "source_overlap": overlap, "details_kept": kept}
-    if "rewording" in settings.weights:
-        parts["rewording"] = 1 - overlap
-    if "reverse_likelihood" in settings.weights:
-        parts["reverse_likelihood"] = reverse_log_likelihoods(model, source, sequences)
-    if "similarity" in settings.weights:
-        decode = dict(skip_special_tokens=True, clean_up_tokenization_spaces=True)
-        texts = [tokenizer.batch_decode(ids, **decode) for ids in (source.input_ids, sequences)]
-        parts["similarity"] = settings.similarity(*texts).float().to(sequences.device)
-    return parts
-
-
 class CandidateSelection:
-    """Per input, the candidates chosen so far and the beams kept in reserve.
-
-    A beam is new when its content (special tokens left out) is not empty, not chosen before and, unless
-    `allow_copy`, not the source; the source with words appended ("... 2016 ? why ?", what a copy that may not end
-    turns into) is a last resort, taken only when nothing else is left.
-    """
+    """Per input, the candidates chosen so far and the beams offered. A beam is new when its content (special tokens
+    left out) is not empty, not chosen before and, unless `allow_copy`, not the source; the source with words appended
+    (what a copy that may not end turns into) is a last resort, taken when nothing else is left."""
 
     def __init__(self, source: SourceWeights, settings: ParaphraseSettings, tokenizer):
         self.source, self.settings, self.tokenizer = source, settings, tokenizer
@@ -587,8 +496,7 @@ class CandidateSelection:
         self.copies = [self.content(ids[mask.bool()]) for ids, mask in zip(source.input_ids, source.attention_mask)]
         self.chosen: list[list[torch.Tensor]] = [[] for _ in self.copies]
         self.taken: list[set[tuple[int, ...]]] = [{()} for _ in self.copies]
-        self.reserve: list[list[torch.Tensor]] = [[] for _ in self.copies]
-        self.last_resort: list[list[torch.Tensor]] = [[] for _ in self.copies]
+        self.offered: list[list[torch.Tensor]] = [[] for _ in self.copies]
 
     def content(self, ids: torch.Tensor) -> tuple[int, ...]:
         return tuple(token for token in ids.tolist() if token not in self.special)
@@ -606,96 +514,52 @@ class CandidateSelection:
         self.chosen[i].append(ids)
         self.taken[i].add(self.content(ids))
 
-    def diversity_ngrams(self, i: int, candidate: torch.LongTensor) -> tuple[torch.LongTensor, torch.Tensor]:
-        """The bigrams of a chosen candidate of input i, and what repeating each costs a later candidate:
-        DIVERSITY_PENALTY times its template weight, a token's detail being its largest z in the source (0 for a
-        token not in it)."""
-        source, ids = self.source, candidate[None]
-        token_detail = ((candidate[:, None] == source.input_ids[i][None, :]) * source.detail[i][None, :]).amax(-1)
-        starts = word_starts(self.tokenizer, ids) if self.tokenizer is not None else None
-        grams, template = source_ngrams(ids, torch.ones_like(ids), token_detail[None], source.special_ids, starts)
-        return grams[0], DIVERSITY_PENALTY * template[0]
-
     def penalised_ngrams(self) -> tuple[torch.LongTensor, torch.Tensor]:
-        """Per input (b, k, n) and (b, k): its source's n-grams at novelty * MAX_PENALTY times their weight, and the
-        bigrams of its candidates chosen so far (`diversity_ngrams`)."""
+        """Per input (b, k, n) and (b, k): its source's n-grams at novelty * MAX_PENALTY times their weight, and its
+        chosen candidates' bigrams at DIVERSITY_PENALTY times their template weight (detail: a token's largest z)."""
         source, grams, costs = self.source, [], []
         for i, candidates in enumerate(self.chosen):
             bag = [(source.ngrams[i], self.settings.novelty * MAX_PENALTY * source.weights[i])]
-            bag += [self.diversity_ngrams(i, ids) for ids in candidates]
+            for ids in (candidate[None] for candidate in candidates):
+                detail = ((ids[0, :, None] == source.input_ids[i]) * source.detail[i]).amax(-1)
+                starts = None if self.tokenizer is None else word_starts(self.tokenizer, ids)
+                ngrams, template = source_ngrams(ids, torch.ones_like(ids), detail[None], source.special_ids, starts)
+                bag.append((ngrams[0], DIVERSITY_PENALTY * template[0]))
             grams.append(torch.cat([ngrams for ngrams, _ in bag]))
             costs.append(torch.cat([penalties for _, penalties in bag]))
         return pad_sequence(grams, batch_first=True, padding_value=-1), pad_sequence(costs, batch_first=True)
 
     def offer(self, sequences: torch.LongTensor, beams: int) -> None:
-        """The beams of one search (`beams` rows per input, best first): per input, the first new one is chosen, the
-        other new ones and the last resorts are kept for `fill`."""
+        """The beams of one search (`beams` rows per input, best first): per input, the first new one is chosen, all
+        are kept for `fill`."""
         lengths = (1 + generated_mask(sequences, self.source.eos_ids).sum(-1)).tolist()
         for i in range(len(self.chosen)):
             found = [sequences[row, : lengths[row]] for row in range(i * beams, (i + 1) * beams)]
-            verdicts = [self.verdict(i, ids) for ids in found]
-            self.last_resort[i] += [ids for ids, verdict in zip(found, verdicts) if verdict == "last resort"]
-            new = [ids for ids, verdict in zip(found, verdicts) if verdict == "new"]
+            new = [ids for ids in found if self.verdict(i, ids) == "new"]
             if new:
                 self.choose(i, new[0])
-            self.reserve[i] += new[1:]
+            self.offered[i] += found
 
     def fill(self, pad_token_id: int) -> tuple[torch.LongTensor, torch.Tensor]:
         """Every input's candidates as k = `settings.candidates` rows (b * k, length), those short of k made up from
-        the reserve in order, then last resorts; and which rows hold one (the others are padding)."""
+        the beams offered, new ones in order, then last resorts; and which rows hold one (the others are padding)."""
         k, device = self.settings.candidates, self.source.input_ids.device
         for i, chosen in enumerate(self.chosen):
-            for ids in self.reserve[i] + self.last_resort[i]:
-                if len(chosen) < k and self.verdict(i, ids) is not None:
-                    self.choose(i, ids)
-        length = max((ids.shape[0] for chosen in self.chosen for ids in chosen), default=2)
-        sequences = torch.full((len(self.chosen) * k, length), pad_token_id, dtype=torch.long, device=device)
-        filled = torch.zeros(len(self.chosen) * k, dtype=torch.bool, device=device)
-        for i, chosen in enumerate(self.chosen):
-            for slot, ids in enumerate(chosen):
-                sequences[i * k + slot, : ids.shape[0]] = ids
-                filled[i * k + slot] = True
-        return sequences, filled
-
-
-def checked_call(model, tokenizer, settings, generation_config, kwargs: dict) -> tuple:
-    """A paraphrase() call's settings (given, or from the keyword arguments and the generation config), generation
-    config (a copy, with the call's generate() arguments and z settings) and model kwargs, checked before any work."""
-    config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
-    given = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
-    if settings is None:
-        settings = ParaphraseSettings.from_generation_config(config, **given)
-    elif given:
-        raise TypeError(f"paraphrase() takes its settings as settings= or as keywords, not both: {', '.join(given)}")
-    if "similarity" in settings.weights and tokenizer is None:
-        raise ValueError(f"rank_by={settings.rank_by!r} ranks by similarity, which needs the tokenizer, not None")
-    for name in [name for name in Z_SETTINGS if name in kwargs]:
-        setattr(config, name, kwargs.pop(name))
-    if not settings.novelty:  # one search returns every candidate
-        named = "num_return_sequences" if settings.candidates == settings.num_return_sequences else "num_candidates"
-        kwargs = enough_beams(config, kwargs, settings.candidates, named)
-    model_kwargs = config.update(**kwargs)
-    requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
-    if requested or config.return_dict_in_generate:
-        raise ValueError(
-            f"paraphrase() returns candidates and their scores; for {requested or 'return_dict_in_generate'} call "
-            "model.generate(logits_processor=granularity_processors(...)), transformers' own"
-        )
-    if "encoder_outputs" in model_kwargs or "inputs_embeds" in model_kwargs:
-        raise ValueError("paraphrase() needs the source as input_ids (it reads z from its own encoder pass)")
-    if config.stop_strings is not None:
-        model_kwargs["tokenizer"] = tokenizer  # generate()'s own, for its stop strings
-    return settings, config, model_kwargs
+            for wanted in ("new", "last resort"):
+                for ids in self.offered[i]:
+                    if len(chosen) < k and self.verdict(i, ids) == wanted:
+                        self.choose(i, ids)
+        padding = torch.full((2,), pad_token_id, dtype=torch.long, device=device)  # a row without a candidate
+        rows = [ids for chosen in self.chosen for ids in chosen + [padding] * (k - len(chosen))]
+        filled = torch.tensor([slot < len(chosen) for chosen in self.chosen for slot in range(k)], device=device)
+        return pad_sequence(rows, batch_first=True, padding_value=pad_token_id), filled
 
 
 def search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs) -> tuple:
     """`settings.candidates` rows per input (b * k, length), input-major, and which rows hold a candidate: at novelty
-    0, the beams of the model's own search, in their order. Above, diverse beam search (Vijayakumar et al., 2018) with
-    its groups decoded in turn, on the standard beam search of transformers 4.57 and 5.x alike: `settings.groups`
-    searches of ceil(num_beams / groups) beams each (one group: the search a call for one paraphrase runs), and more
-    while they hold fewer beams than the candidates asked for, each under the rules with the penalty also covering
-    the bigrams chosen before (`CandidateSelection.penalised_ngrams`), offering its beams to `CandidateSelection`.
-    """
+    0, the beams of the model's own search; above, diverse beam search (Vijayakumar et al., 2018), groups decoded in
+    turn by transformers' standard beam search: `settings.groups` searches (more while too few beams were found) of
+    ceil(num_beams / groups) beams each, each also penalising the bigrams of the candidates chosen before."""
 
     def search(search_config: GenerationConfig, processors) -> torch.LongTensor:  # the model's own generate()
         return model.generate(
@@ -720,32 +584,41 @@ def search_candidates(model, tokenizer, source, settings, config, logits_process
     return selection.fill(config.pad_token_id or 0)
 
 
-def rank_candidates(parts: dict, sequences, filled, settings: ParaphraseSettings) -> CDNPGParaphraseOutput:
-    """The best num_return_sequences of each input's candidates by the weighted sum of their parts (the model's own
-    order at novelty 0 when ranked by the score alone), with their parts; -inf (NaN for the overlap and details
-    kept) where no candidate was found."""
-    k = settings.candidates
+def rank_candidates(
+    model, tokenizer, source: SourceWeights, sequences, filled, settings: ParaphraseSettings
+) -> CDNPGParaphraseOutput:
+    """The best num_return_sequences of each input's candidates by the weighted sum of their parts (at novelty 0 by
+    the score alone: the model's own order): the score's (`score_candidates`), and as weighed
+    `reverse_log_likelihoods`, `settings.similarity` of the decoded texts and rewording = 1 - source_overlap."""
+    scored = score_candidates(model, source, sequences, settings.novelty, settings.keep_details)
+    parts = dict(zip(("score", "log_likelihood", "source_overlap", "details_kept"), scored))
+    if "rewording" in settings.weights:
+        parts["rewording"] = 1 - parts["source_overlap"]  # the source's wording, what iBLEU charges
+    if "reverse_likelihood" in settings.weights:
+        parts["reverse_likelihood"] = reverse_log_likelihoods(model, source, sequences)
+    if "similarity" in settings.weights:
+        decode = dict(skip_special_tokens=True, clean_up_tokenization_spaces=True)
+        texts = [tokenizer.batch_decode(ids, **decode) for ids in (source.input_ids, sequences)]
+        parts["similarity"] = settings.similarity(*texts).float().to(sequences.device)
+    k, n = settings.candidates, settings.num_return_sequences
     batch, device = sequences.shape[0] // k, sequences.device
     ranking = sum(weight * parts[name] for name, weight in settings.weights.items()).masked_fill(~filled, -math.inf)
     if not settings.novelty and set(settings.weights) == {"score"}:
         best_first = torch.arange(k, device=device).expand(batch, k)
     else:
         best_first = ranking.view(batch, k).argsort(dim=-1, descending=True, stable=True)
-    order = (
-        best_first[:, : settings.num_return_sequences] + torch.arange(batch, device=device)[:, None] * k
-    ).flatten()
+    order = (best_first[:, :n] + torch.arange(batch, device=device)[:, None] * k).flatten()
 
-    def returned(name: str, empty: float) -> torch.Tensor | None:
-        return parts[name].masked_fill(~filled, empty)[order] if name in parts else None
-
+    empty = {"source_overlap": math.nan, "details_kept": math.nan}  # where no candidate was found; the others -inf
+    out = {name: part.masked_fill(~filled, empty.get(name, -math.inf))[order] for name, part in parts.items()}
     return CDNPGParaphraseOutput(
         sequences=sequences[order],
         sequences_scores=ranking[order],
-        log_likelihoods=returned("log_likelihood", -math.inf),
-        source_overlaps=returned("source_overlap", math.nan),
-        details_kept=returned("details_kept", math.nan),
-        reverse_log_likelihoods=returned("reverse_likelihood", -math.inf),
-        similarities=returned("similarity", -math.inf),
+        log_likelihoods=out["log_likelihood"],
+        source_overlaps=out["source_overlap"],
+        details_kept=out["details_kept"],
+        reverse_log_likelihoods=out.get("reverse_likelihood"),
+        similarities=out.get("similarity"),
     )
 
 
@@ -760,20 +633,41 @@ def paraphrase(
     **kwargs,
 ) -> CDNPGParaphraseOutput:
     """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules into
-    distinct candidates (`CDNPGParaphraseOutput`).
+    distinct candidates (`CDNPGParaphraseOutput`), all arguments checked before any work.
 
     settings: `ParaphraseSettings`, or its fields as keyword arguments (`ParaphraseSettings.from_generation_config`).
     tokenizer: tells where words start (None: every token is a word) and decodes the texts for a similarity ranking.
     The other keyword arguments are generate()'s, and `novelty_z_layer` / `novelty_z_inverted`, which override the
-    generation config's (a `None` layer: a uniform weight).
-    """
-    settings, config, model_kwargs = checked_call(model, tokenizer, settings, generation_config, kwargs)
+    generation config's (a `None` layer: a uniform weight)."""
+    config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
+    given = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
+    if settings is None:
+        settings = ParaphraseSettings.from_generation_config(config, **given)
+    elif given:
+        raise TypeError(f"paraphrase() takes its settings as settings= or as keywords, not both: {', '.join(given)}")
+    if "similarity" in settings.weights and tokenizer is None:
+        raise ValueError(f"rank_by={settings.rank_by!r} ranks by similarity, which needs the tokenizer, not None")
+    for name in [name for name in Z_SETTINGS if name in kwargs]:
+        setattr(config, name, kwargs.pop(name))
+    if not settings.novelty:  # one search returns every candidate
+        named = "num_return_sequences" if settings.candidates == settings.num_return_sequences else "num_candidates"
+        kwargs = enough_beams(config, kwargs, settings.candidates, named)
+    model_kwargs = config.update(**kwargs)
+    requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
+    if requested or config.return_dict_in_generate:
+        raise ValueError(
+            f"paraphrase() returns candidates and their scores; for {requested or 'return_dict_in_generate'} call "
+            "model.generate(logits_processor=granularity_processors(...)), transformers' own"
+        )
+    if "encoder_outputs" in model_kwargs or "inputs_embeds" in model_kwargs:
+        raise ValueError("paraphrase() needs the source as input_ids (it reads z from its own encoder pass)")
+    if config.stop_strings is not None:
+        model_kwargs["tokenizer"] = tokenizer  # generate()'s own, for its stop strings
     source = weigh_source(
         model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z_settings(model, config)
     )
     sequences, filled = search_candidates(model, tokenizer, source, settings, config, logits_processor, model_kwargs)
-    parts = ranking_parts(model, tokenizer, source, sequences, settings)
-    return rank_candidates(parts, sequences, filled, settings)
+    return rank_candidates(model, tokenizer, source, sequences, filled, settings)
 
 
 __all__ = [

@@ -1,7 +1,5 @@
-"""`pipeline("text2text-generation", model=..., trust_remote_code=True)` for C-DNPG checkpoints, which declare this
-class under `custom_pipelines`: transformers 5.x has no built-in text2text-generation pipeline. `cdnpg paraphrase`
-runs through it too. Remote code: imports only torch and transformers (4.57 and 5.x).
-"""
+"""`pipeline("text2text-generation", model=..., trust_remote_code=True)` for C-DNPG checkpoints (`custom_pipelines`:
+transformers 5.x has none built in). Remote code: imports only torch and transformers (4.57 and 5.x)."""
 
 import warnings
 
@@ -44,8 +42,7 @@ def unreadable(tokenizer: PreTrainedTokenizerBase, text: str) -> str | None:
 
 
 def input_limit(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, str]:
-    """The most input tokens (specials included) the model takes, and why: `max_position_embeddings`, or a tokenizer's
-    smaller `model_max_length` (the paper's 20-token truncation is a preprocessing choice, not applied here)."""
+    """The most input tokens (with specials) the model takes, and why: max_position_embeddings or model_max_length."""
     positions = getattr(model.config, "max_position_embeddings", None) or NO_LIMIT
     tokenizer_max = getattr(tokenizer, "model_max_length", None) or NO_LIMIT
     if tokenizer_max < positions:
@@ -62,13 +59,11 @@ def truncated(tokens: int, limit: int, reason: str) -> str | None:
 
 class CDNPGText2TextPipeline(Pipeline):
     """Paraphrases a string or a list of strings: per input, a list of candidates `{"generated_text": ...}`.
-
-    Generation keyword arguments go to `model.generate()`, beams raised to num_return_sequences (`enough_beams`). A
+    Generation keyword arguments go to `model.generate()`, beams raised to num_return_sequences (`enough_beams`); a
     setting of `ParaphraseSettings` (given, or in the generation_config) paraphrases through `paraphrase()`: each
     candidate with its `score` and parts (`PARTS`), fewer than asked with a `FewerCandidatesWarning`. An input with
-    nothing to paraphrase (`unreadable`) gets an empty list, a longer one than the model takes is truncated
-    (`truncated`), each with a warning naming the input by `input_numbers` (default 1, 2, ...).
-    """
+    nothing to paraphrase (`unreadable`) gets an empty list, one longer than the model takes is truncated, each with a
+    warning naming it by `input_numbers` (default 1, 2, ...)."""
 
     _pipeline_calls_generate = True  # 5.x: lets the pipeline own a generation config; ignored by 4.57
 
@@ -90,10 +85,9 @@ class CDNPGText2TextPipeline(Pipeline):
         return results[0] if isinstance(inputs, str) else results
 
     def _sanitize_parameters(self, truncation: bool | None = None, clean_up_tokenization_spaces=None, **generate):
-        def given(**params) -> dict:  # those not None
-            return {key: value for key, value in params.items() if value is not None}
-
-        return given(truncation=truncation), generate, given(clean_up_tokenization_spaces=clean_up_tokenization_spaces)
+        preprocess = {} if truncation is None else {"truncation": truncation}
+        spaces = clean_up_tokenization_spaces
+        return preprocess, generate, {} if spaces is None else {"clean_up_tokenization_spaces": spaces}
 
     def preprocess(self, text: str, truncation: bool = True) -> dict[str, torch.Tensor]:
         if not isinstance(text, str):
@@ -114,7 +108,6 @@ class CDNPGText2TextPipeline(Pipeline):
             return {"output_ids": per_input(self.model.generate(**model_inputs, **generate_kwargs))}
         outputs = paraphrase(self.model, self.tokenizer, model_inputs, **settings, **generate_kwargs)
         parts = {key: per_input(part) for key, name in PARTS.items() if (part := getattr(outputs, name)) is not None}
-        # the input_ids are named in the warning of fewer candidates than asked
         return {"output_ids": per_input(outputs.sequences), "input_ids": model_inputs["input_ids"], **parts}
 
     def postprocess(self, model_outputs: dict[str, torch.Tensor], clean_up_tokenization_spaces: bool = True):
@@ -131,8 +124,7 @@ class CDNPGText2TextPipeline(Pipeline):
         if len(results) < wanted:
             source = self.tokenizer.decode(model_outputs["input_ids"][0], skip_special_tokens=True)
             shown = source if len(source) <= SHOWN_CHARACTERS else source[: SHOWN_CHARACTERS - 1] + "…"
-            why = "the beam searches found no more that differ from each other and from the input"
-            said = f"{shown!r}: {len(results)} of {wanted} candidates: {why} (more num_beams may find more)"
+            said = f"{shown!r}: {len(results)} of {wanted} candidates: no more distinct (more num_beams may find more)"
             warnings.warn(said, FewerCandidatesWarning, stacklevel=2)
         return results
 
