@@ -101,7 +101,8 @@ def takes_cache_by_either_name(forward: Callable) -> Callable:
 
 
 def registered_attention(implementation: str) -> Callable:
-    """transformers' attention function of that name: 5.x looks it up with `get_interface`, 4.57 by key."""
+    """transformers' attention function of that name: 5.x looks it up with `get_interface` (whose call in this file is
+    what 5.x's `set_attn_implementation` looks for before switching backends at run time), 4.57 by key."""
     if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # transformers 5.x
         return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
     return ALL_ATTENTION_FUNCTIONS[implementation]
@@ -366,7 +367,6 @@ class GranularityCache(EncoderDecoderCache):
     def store(cache: Cache, logits: torch.Tensor, layer_idx: int, cache_kwargs: dict | None) -> torch.Tensor:
         """Write logits (b, i) into layer `layer_idx` of a logit cache as the key of one head of width 1 -> what the
         layer holds (b, j). A static layer of transformers 4.57 sizes its values as its keys: it keeps them twice."""
-
         logits = logits[:, None, :, None]
         static = layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], StaticLayer)
         kept, _ = cache.update(logits, logits if static else logits[..., :0], layer_idx, cache_kwargs)
@@ -826,11 +826,8 @@ class CDNPGDecoder(CDNPGStack):
             needed = past_length + num_queries if capacity is None else num_queries
             if not needed <= attention_mask.shape[-1] <= key_length:
                 raise ValueError(
-                    f"decoder_attention_mask covers {attention_mask.shape[-1]} positions, but the cache holds "
-                    f"{past_length} and {num_queries} are new: it must cover all {past_length + num_queries}."
-                    if capacity is None
-                    else f"decoder_attention_mask covers {attention_mask.shape[-1]} positions, but the static cache "
-                    f"holds at most {capacity} and {num_queries} are new."
+                    f"decoder_attention_mask covers {attention_mask.shape[-1]} positions: it must cover every cached "
+                    f"one and the {num_queries} new ones, at most {key_length}"
                 )
             key_padding = F.pad(attention_mask.bool(), (0, key_length - attention_mask.shape[-1]), value=True)
         # N of eq. 8 for query i is i + 1 (as cached); plain SDPA over new tokens alone takes `is_causal`

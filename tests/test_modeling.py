@@ -459,6 +459,28 @@ def test_over_long_input_is_refused_with_a_clear_error():
         model(torch.ones(1, 65, dtype=torch.long), decoder_input_ids=torch.tensor([[BOS]]))
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_a_decoder_mask_that_misses_the_cached_or_new_positions_is_refused_naming_its_length(static):
+    """A dynamic cache's mask covers exactly the cached and new positions (3 here, not 2); a static cache's at least
+    the new ones and at most its capacity (4 here, not 6)."""
+    from transformers import DynamicCache, EncoderDecoderCache, StaticCache
+
+    model = tiny_model().eval()
+    source = torch.tensor([[BOS, 7, 8, EOS]])
+    capacity = StaticCache(config=model.config, max_cache_len=4) if static else DynamicCache()
+    cache = cache_of(
+        model(
+            source,
+            decoder_input_ids=torch.tensor([[BOS, 7]]),
+            cache=EncoderDecoderCache(capacity, DynamicCache()),
+            use_cache=True,
+        )
+    )
+    short = 6 if static else 2
+    with pytest.raises(ValueError, match=f"decoder_attention_mask covers {short} positions"):
+        model(source, decoder_input_ids=torch.tensor([[8]]), decoder_attention_mask=torch.ones(1, short), cache=cache)
+
+
 def test_the_default_config_is_the_papers_model_of_27_057_903_parameters():
     # d 450, FFN 1024, 3 + 3 layers, vocabulary 30522 (one embedding shared by both stacks and the LM head), 512
     # learned positions per stack. Attention 4 * (450 * 450 + 450) = 811,800; W_G 451; LayerNorm 900; FFN
