@@ -178,7 +178,10 @@ def enough_beams(generation_config: GenerationConfig, generate_kwargs: dict, wan
         return generate_kwargs  # sampling returns any number; generate() refuses one that is not a positive integer
     why = "beam search returns at most one sequence per beam"
     if given is not None:
-        raise ValueError(f"{name}={wanted} cannot exceed num_beams={given}: {why}")
+        raise ValueError(
+            f"{name}={wanted} cannot exceed num_beams={given}: {why} (with novelty above 0, each candidate has a "
+            "search of its own)"
+        )
     said = f"using {wanted} beams to return {wanted} sequences (the generation config's num_beams is {beams}; {why})"
     warnings.warn(said, UserWarning, stacklevel=3)
     return {**generate_kwargs, "num_beams": wanted}
@@ -622,23 +625,9 @@ def rank_candidates(
     )
 
 
-@torch.no_grad()
-def paraphrase(
-    model,
-    tokenizer: PreTrainedTokenizerBase | None,
-    inputs: Mapping[str, torch.Tensor],
-    settings: ParaphraseSettings | None = None,
-    generation_config: GenerationConfig | None = None,
-    logits_processor: LogitsProcessorList | None = None,
-    **kwargs,
-) -> CDNPGParaphraseOutput:
-    """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules into
-    distinct candidates (`CDNPGParaphraseOutput`), all arguments checked before any work.
-
-    settings: `ParaphraseSettings`, or its fields as keyword arguments (`ParaphraseSettings.from_generation_config`).
-    tokenizer: tells where words start (None: every token is a word) and decodes the texts for a similarity ranking.
-    The other keyword arguments are generate()'s, and `novelty_z_layer` / `novelty_z_inverted`, which override the
-    generation config's (a `None` layer: a uniform weight)."""
+def checked_call(model, tokenizer, settings, generation_config, kwargs: dict) -> tuple:
+    """A paraphrase() call's settings (given, or from the keyword arguments and the generation config), generation
+    config (a copy, with the call's generate() arguments and z settings) and model kwargs, checked before any work."""
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     given = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}
     if settings is None:
@@ -663,6 +652,27 @@ def paraphrase(
         raise ValueError("paraphrase() needs the source as input_ids (it reads z from its own encoder pass)")
     if config.stop_strings is not None:
         model_kwargs["tokenizer"] = tokenizer  # generate()'s own, for its stop strings
+    return settings, config, model_kwargs
+
+
+@torch.no_grad()
+def paraphrase(
+    model,
+    tokenizer: PreTrainedTokenizerBase | None,
+    inputs: Mapping[str, torch.Tensor],
+    settings: ParaphraseSettings | None = None,
+    generation_config: GenerationConfig | None = None,
+    logits_processor: LogitsProcessorList | None = None,
+    **kwargs,
+) -> CDNPGParaphraseOutput:
+    """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules into
+    distinct candidates (`CDNPGParaphraseOutput`): check, search, score and rank.
+
+    settings: `ParaphraseSettings`, or its fields as keyword arguments (`ParaphraseSettings.from_generation_config`).
+    tokenizer: tells where words start (None: every token is a word) and decodes the texts for a similarity ranking.
+    The other keyword arguments are generate()'s, and `novelty_z_layer` / `novelty_z_inverted`, which override the
+    generation config's (a `None` layer: a uniform weight)."""
+    settings, config, model_kwargs = checked_call(model, tokenizer, settings, generation_config, kwargs)
     source = weigh_source(
         model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z_settings(model, config)
     )
