@@ -705,7 +705,10 @@ class CDNPGStack(CDNPGPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
             if self.embed_scale != 1.0:  # a multiplication by 1 would still launch a kernel, forward and backward
                 inputs_embeds = inputs_embeds * self.embed_scale
-        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
+        if isinstance(past_length, torch.Tensor):  # a static cache's length: never read on the host
+            positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
+        else:  # one kernel, where adding an int would launch a second
+            positions = torch.arange(past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device)
         end = capacity if isinstance(past_length, torch.Tensor) else past_length + inputs_embeds.shape[1]
         if end is not None and end > self.config.max_position_embeddings:
             raise ValueError(
