@@ -179,13 +179,7 @@ def test_checkpoint_folder_is_a_complete_hub_repository(checkpoint):
 
 def test_remote_code_files_import_only_torch_transformers_the_standard_library_and_each_other(checkpoint):
     allowed = {"torch", "transformers", "safetensors", *sys.stdlib_module_names}
-    for name in (
-        "configuration_cdnpg.py",
-        "modeling_cdnpg.py",
-        "granularity_kernels.py",
-        "copy_cdnpg.py",
-        "pipeline_cdnpg.py",
-    ):
+    for name in REMOTE_CODE_FILES:
         for line in (checkpoint / name).read_text().splitlines():
             words = line.split()
             if words[:1] in (["import"], ["from"]) and not words[1].startswith("."):
