@@ -311,7 +311,7 @@ def test_a_missing_model_that_looks_like_a_hub_id_fails_at_once_with_the_documen
     for name in ("checkpoints/qoura", "someone/qoura"):
         start = time.perf_counter()
         assert main(["paraphrase", "--model", name, SENTENCE]) == 1
-        assert time.perf_counter() - start < 2
+        assert time.perf_counter() - start < 10  # Hub retries would take 26 s
         assert f"--model {name}: no such model directory" in capsys.readouterr().err
 
 

@@ -502,7 +502,7 @@ def test_a_hub_id_fails_at_once_when_the_hub_cannot_be_reached(network, tmp_path
     start = time.monotonic()
     with pytest.raises(FileNotFoundError, match=r"^runs/nonexistent: no such model directory, not in the local Hub"):
         resolve_model_source("runs/nonexistent")
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 10  # the check's 1.5 s, with room for a loaded machine; the retries take 30
 
 
 def test_an_existing_path_that_is_not_a_model_directory_is_named(tmp_path):
