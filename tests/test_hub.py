@@ -102,6 +102,7 @@ def probe_server(python: str) -> subprocess.Popen:
 def _stop_probe_servers() -> None:
     for server in _servers.values():
         server.kill()
+        server.communicate()  # reaped and its pipes closed: no "still running" warning at exit
 
 
 def run_isolated(python: str, code: str, cwd: Path, env: dict | None = None) -> dict:
