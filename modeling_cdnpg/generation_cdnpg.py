@@ -415,7 +415,10 @@ def granularity_processors(
     allow_copy: bool = False,
 ) -> LogitsProcessorList:
     """The z rules (module docstring) for one batch of `inputs` (`input_ids`, `attention_mask`), as logits processors
-    for transformers' own `generate()`; the tokenizer (or None) tells where words start, `z_settings` which z."""
+    for transformers' own `generate()`; the tokenizer (or None) tells where words start, `z_settings` which z.
+
+    model, tokenizer: as for `paraphrase()`.
+    novelty, keep_details, allow_copy: as in `ParaphraseSettings`."""
     settings = ParaphraseSettings(novelty=novelty, keep_details=keep_details, allow_copy=allow_copy)
     source = weigh_source(model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z_settings(model))
     return rule_processors(source, settings)
@@ -668,10 +671,12 @@ def paraphrase(
     """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules into
     distinct candidates (`CDNPGParaphraseOutput`): check, search, score and rank.
 
+    model: a C-DNPG model (or any seq2seq model, whose tokens then weigh alike).
     settings: `ParaphraseSettings`, or its fields as keyword arguments (`ParaphraseSettings.from_generation_config`).
     tokenizer: tells where words start (None: every token is a word) and decodes the texts for a similarity ranking.
-    The other keyword arguments are generate()'s, and `novelty_z_layer` / `novelty_z_inverted`, which override the
-    generation config's (a `None` layer: a uniform weight)."""
+    generation_config, logits_processor: as for generate() (default: the model's generation config, no processors).
+    kwargs: generate()'s, and `novelty_z_layer` / `novelty_z_inverted`, which override the generation config's (a
+        `None` layer: a uniform weight)."""
     settings, config, model_kwargs = checked_call(model, tokenizer, settings, generation_config, kwargs)
     source = weigh_source(
         model, tokenizer, inputs["input_ids"], inputs.get("attention_mask"), *z_settings(model, config)

@@ -68,6 +68,9 @@ class CDNPGText2TextPipeline(Pipeline):
     _pipeline_calls_generate = True  # 5.x: lets the pipeline own a generation config; ignored by 4.57
 
     def __call__(self, inputs, input_numbers=None, **kwargs):
+        """inputs: a string or a list of strings (a generator or a dataset is streamed as transformers streams it).
+        input_numbers: how warnings name each input (default 1, 2, ...).
+        kwargs: see `_sanitize_parameters`."""
         texts = [inputs] if isinstance(inputs, str) else inputs
         if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
             return super().__call__(inputs, **kwargs)  # a generator or a dataset: streamed as is
@@ -85,6 +88,9 @@ class CDNPGText2TextPipeline(Pipeline):
         return results[0] if isinstance(inputs, str) else results
 
     def _sanitize_parameters(self, truncation: bool | None = None, clean_up_tokenization_spaces=None, **generate):
+        """truncation: cut an input longer than the model takes (default `True`, with a warning naming it).
+        clean_up_tokenization_spaces: the tokenizer's clean-up of spaces when decoding (default `True`).
+        generate: `generate()`'s keyword arguments, and the settings of `ParaphraseSettings` (`PARAPHRASING`)."""
         preprocess = {} if truncation is None else {"truncation": truncation}
         spaces = clean_up_tokenization_spaces
         return preprocess, generate, {} if spaces is None else {"clean_up_tokenization_spaces": spaces}
