@@ -15,11 +15,14 @@ script) fails `test_markers_sit_above_a_snippet_say_why_and_apply`, and so does 
 the others (text, yaml, ...) are not code.
 
 Each snippet runs in a fresh process, from its own copy of one prepared checkout of the project, as a user would from
-the checkout: `.venv` is the environment running these tests, whose bin comes first on PATH; `../shared` is the
-shared data when there is some; the Hub is offline. A tiny C-DNPG checkpoint is saved once, lies under each name of
+a fresh clone: `.venv` is the environment running these tests, whose bin comes first on PATH; nothing lies beside the
+checkout, and the Hub is offline. A tiny C-DNPG checkpoint is saved once, lies under each name of
 CHECKPOINTS that the snippet names (a training command writes its own; run.py refuses a non-empty output folder),
 and is in the offline Hub cache under HUB_IDS; the files of INPUT_FILES are there. A snippet naming another
 checkpoint or input file fails: add it here.
+
+No page (README.md, docs/*.md, model_card.md) names a path outside the repository, since a user's clone has nothing
+beside it: `outside_paths` is the rule.
 """
 
 import ast
@@ -35,16 +38,25 @@ import pytest
 
 from cdnpg.data import model_token_ids, template_corpus, train_wordpiece_tokenizer
 from cdnpg.hub import save_checkpoint
-from tests.conftest import SHARED, tiny_model
+from tests.conftest import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [*DOCS, ROOT / "model_card.md"]  # what a user reads: no path outside the repository
 PYTHON, SHELL = {"python", "py"}, {"bash", "sh", "shell"}
-CHECKPOINTS = ("runs/template", "checkpoints/quora")
+CHECKPOINTS = ("runs/template", "runs/minilm_quora")  # made by the README's main job and Quora command
 HUB_IDS = ("user/name",)
 INPUT_FILES = {
     "questions.txt": "how do i learn python ?\nwhat is the capital of france ?\n",
     "questions.tsv": "how do i learn python ?\thow can i learn python ?\nwhy is the sky blue ?\twhy is the sky blue ?\n",
+    # a user's own pairs (README's "Train on your own pairs")
+    **{
+        f"{split}.jsonl": "".join(
+            f'{{"source": "how do i learn {topic} ?", "target": "how can i learn {topic} ?"}}\n'
+            for topic in ("python", "french", "to cook", "chess", "to swim", "guitar", "math", "to draw")[:size]
+        )
+        for split, size in (("train", 8), ("valid", 4), ("test", 4))
+    },
 }
 # seconds instead of minutes or hours: 2 steps on a few pairs of the data the command names, with its own model
 TINY_FLAGS = {
@@ -160,6 +172,28 @@ def shell_script(snippet: Snippet) -> tuple[str, set[str]]:
     return "set -euo pipefail\n" + "\n".join(commands) + "\n", applied
 
 
+# A path outside the repository: `../` that leaves it (a markdown link resolves from its page, anything else from the
+# repository root, where commands run), or an absolute or home path, unless it is a system path every machine has.
+PARENT_PATH = re.compile(r"(?<![\w.])(?:\.\./)+[\w.-][\w./-]*")
+ABSOLUTE_PATH = re.compile(r"(?<![^\s`(\[\"'=])~?/[\w.-][\w./-]*")  # starts a token: not a URL's, not `a/b`'s
+SYSTEM_PATHS = ("/usr/", "/proc/", "/dev/", "/etc/")
+LINK_TARGET = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+
+
+def outside_paths(page: Path, root: Path = ROOT) -> list[str]:
+    """`page:line: path` for each path the page names outside the repository at `root`."""
+    found, folder = [], page.parent.relative_to(root)
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        links = {match.start("target") for match in LINK_TARGET.finditer(line)}
+        for match in PARENT_PATH.finditer(line):
+            base = folder if match.start() in links else Path()
+            if os.path.normpath(base / match.group()).startswith(".."):
+                found.append(f"{shown(page)}:{number}: {match.group()}")
+        found += [f"{shown(page)}:{number}: {match.group()}" for match in ABSOLUTE_PATH.finditer(line)
+                  if not match.group().startswith(SYSTEM_PATHS)]  # fmt: skip
+    return found
+
+
 SNIPPETS, PROBLEMS = [], []
 for _doc in DOCS:
     _found, _problems = parse(_doc)
@@ -231,6 +265,31 @@ def test_a_stale_marker_or_a_missing_test_in_a_reason_is_a_problem(tmp_path):
     ]
 
 
+def test_no_page_names_a_path_outside_the_repository():
+    found = [problem for page in PAGES for problem in outside_paths(page)]
+    assert not found, "a user's clone has nothing outside it; name their own files instead:\n" + "\n".join(found)
+
+
+def test_the_outside_path_rule_on_a_page_that_breaks_it_and_one_that_does_not(tmp_path):
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "page.md"
+    page.write_text(
+        "See [the README](../README.md) and [the data](../../data/x.jsonl).\n"  # a link from docs/: in, out
+        "```bash\nhead -n 5 ../shared/data/quora/valid.jsonl > valid.jsonl\ncat ../README.md\n```\n"  # from the root
+        "Paths that start with `./`, `../`, `/` or `~` are local; `cp data/a.jsonl runs/*/b.json`, 1/2, and/or.\n"
+        "WordNet from `/usr/share/wordnet`, `/proc/cpuinfo`; [Quora](https://qim.fs.quoracdn.net/q.tsv).\n"
+        '--train_file /home/me/train.jsonl --output_dir ~/runs/x ("/mnt/data")\n'
+    )
+    assert [problem.split(": ", 1)[1] for problem in outside_paths(page, root=tmp_path)] == [
+        "../../data/x.jsonl",
+        "../shared/data/quora/valid.jsonl",
+        "../README.md",
+        "/home/me/train.jsonl",
+        "~/runs/x",
+        "/mnt/data",
+    ]
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """One tiny checkpoint, as run.py saves one (weights, remote code, tokenizer, card), shared by every snippet."""
@@ -265,14 +324,12 @@ def test_hub_ids_are_in_the_offline_cache_the_snippets_use(hub_cache, checkpoint
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, checkpoint) -> Path:
     """The project as a user's checkout, prepared once: the tiny checkpoint under each name of CHECKPOINTS, the input
-    files of INPUT_FILES, `.venv` linked to the environment running these tests and `../shared` to the shared data."""
+    files of INPUT_FILES and `.venv` linked to the environment running these tests."""
     root = tmp_path_factory.mktemp("docs-checkout")
     project = root / "checkout"
     ignore = shutil.ignore_patterns(".*", "runs", "checkpoints", "build", "dist", "*.egg-info", "__pycache__")
     shutil.copytree(ROOT, project, ignore=ignore)
     (project / ".venv").symlink_to(sys.prefix, target_is_directory=True)
-    if SHARED.is_dir():
-        (root / "shared").symlink_to(SHARED, target_is_directory=True)
     for name in CHECKPOINTS:
         shutil.copytree(checkpoint, project / name)
     for name, text in INPUT_FILES.items():
@@ -282,11 +339,8 @@ def prepared(tmp_path_factory, checkpoint) -> Path:
 
 @pytest.fixture
 def workdir(tmp_path, prepared) -> Path:
-    """A copy of the prepared checkout for one snippet, which may write in it as a user would (`../shared` beside it)."""
-    project = shutil.copytree(prepared, tmp_path / "checkout", symlinks=True)
-    if (prepared.parent / "shared").exists():
-        (tmp_path / "shared").symlink_to(SHARED, target_is_directory=True)
-    return project
+    """A copy of the prepared checkout for one snippet, which may write in it as a user would."""
+    return shutil.copytree(prepared, tmp_path / "checkout", symlinks=True)
 
 
 def environment(hub_cache: Path, home: Path) -> dict[str, str]:
@@ -306,8 +360,6 @@ def environment(hub_cache: Path, home: Path) -> dict[str, str]:
 def test_snippet_runs(snippet, workdir, hub_cache, tmp_path):
     if reason := snippet.skipped():
         pytest.skip(reason)
-    if "../shared" in snippet.code and not SHARED.is_dir():
-        pytest.skip("../shared is absent")
     for name in CHECKPOINTS:  # only where the snippet names it: a training command refuses a non-empty output_dir
         if name not in snippet.code:
             shutil.rmtree(workdir / name)
