@@ -114,7 +114,7 @@ def signature(name: str, function: Callable) -> str:
 
 
 def function_section(title: str, name: str, function: Callable, doc: str | None = None) -> str:
-    return f"## {title}\n\n```python\n{signature(name, function)}\n```\n\n{prose(doc or inspect.getdoc(function))}"
+    return f"## {title}\n\n```text\n{signature(name, function)}\n```\n\n{prose(doc or inspect.getdoc(function))}"
 
 
 def default(name: str) -> str:
@@ -155,9 +155,9 @@ def model_section() -> str:
     model = modeling.CDNPGForConditionalGeneration
     return "".join([
         f"## `CDNPGForConditionalGeneration`\n\n{prose(inspect.getdoc(model))}\n",
-        f"```python\n{signature('CDNPGForConditionalGeneration.forward', model.forward)}\n```\n\n",
+        f"```text\n{signature('CDNPGForConditionalGeneration.forward', model.forward)}\n```\n\n",
         prose(inspect.getdoc(model.forward)), "\n",
-        f"```python\n{signature('CDNPGModel.forward', modeling.CDNPGModel.forward)}\n```\n\n",
+        f"```text\n{signature('CDNPGModel.forward', modeling.CDNPGModel.forward)}\n```\n\n",
         prose(inspect.getdoc(modeling.CDNPGModel.forward)),
         "\n### Outputs: z per layer\n\n",
         *(f"- {output_fields(output)}" for output in (modeling.CDNPGSeq2SeqLMOutput, modeling.CDNPGModelOutput,
@@ -172,7 +172,7 @@ def pipeline_section() -> str:
     return "".join([
         "## The pipeline: `pipeline(\"text2text-generation\", model=..., trust_remote_code=True)`\n\n",
         f"`{pipeline.__name__}`. {prose(inspect.getdoc(pipeline))}\n",
-        f"```python\n{signature('paraphraser', pipeline.__call__)}\n",
+        f"```text\n{signature('paraphraser', pipeline.__call__)}\n",
         f"{signature('paraphraser._sanitize_parameters', pipeline._sanitize_parameters)}\n```\n\n",
         prose(inspect.getdoc(pipeline.__call__)), prose(inspect.getdoc(pipeline._sanitize_parameters)), "\n",
         f"Paraphrasing keywords (the rest go to `generate()`): {settings}. A candidate's keys besides ",
@@ -194,7 +194,7 @@ def render() -> str:
         model_section(),
         function_section("`paraphrase()`", "paraphrase", generation_cdnpg.paraphrase),
         f"- {output_fields(generation_cdnpg.CDNPGParaphraseOutput)}",
-        f"## `ParaphraseSettings`\n\n```python\n{signature('ParaphraseSettings', settings)}\n```\n\n"
+        f"## `ParaphraseSettings`\n\n```text\n{signature('ParaphraseSettings', settings)}\n```\n\n"
         f"{prose(inspect.getdoc(settings))}\nA generation config may default these fields: "
         f"{', '.join(f'`{name}`' for name in generation_cdnpg.CONFIGURED)} (`from_generation_config`).\n",
         function_section(
