@@ -5,9 +5,11 @@
     python benchmarks/report.py runs/novelty-s0/runs-report.jsonl runs/novelty-s1/runs-report.jsonl
     python benchmarks/report.py speed20.json speed256.json
     python benchmarks/report.py  # every result kept in benchmarks/results/, the documentation's tables
+    python benchmarks/report.py --figures docs/  # and the documentation's figures, drawn from them
 
 Quality runs are grouped by model, novelty runs by setting (`common.group_runs`: runs of one group made another way
-are refused); the ratios and kernel counts of speed results are merged, later ones winning.
+are refused); the ratios and kernel counts of speed results are merged, later ones winning. The figures: the
+decoding settings' trade-off (a novelty table's rows) and the speed ratios against the length L.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 from pathlib import Path
 
 from common import cell, format_table, group_runs, read_runs
+from matplotlib.figure import Figure
 
 RESULTS = Path(__file__).resolve().parent / "results"  # the runs the documentation's tables come from
 PAPER_QUORA = {"none": (21.14, 26.88), "resonance": (26.94, 34.05)}  # Gu et al. 2022, Table 2: ("iBLEU", BLEU-4)
@@ -96,6 +99,75 @@ def speed(runs: list[dict]) -> None:
         print("", format_table(["L/part/ratio", "kernels", "target", "status"], table), sep="\n")
 
 
+TRADE_OFF = ("ibleu", "bleu4", "rare_kept")  # the novelty figure's panels: what a setting gains, keeps and costs
+ANCHOR_STYLE = {"beam": ("black", "--"), "references": ("tab:green", ":")}  # horizontal lines across the settings
+
+
+def novelty_figure(table: dict) -> Figure:
+    """One panel per metric of TRADE_OFF: each decoding setting's mean ± std (a novelty table's rows), beam search and
+    the human references as horizontal lines."""
+    settings = [row for row in table["rows"] if row["kind"] not in ANCHOR_STYLE]
+    figure = Figure(figsize=(10, 4), layout="constrained")
+    for axes, key in zip(figure.subplots(1, len(TRADE_OFF)), TRADE_OFF):
+        shown = [row for row in settings if row[key]["mean"] is not None]
+        axes.errorbar([row[key]["mean"] for row in shown], range(len(shown)), fmt="o", capsize=3,
+                      xerr=[row[key]["std"] or 0 for row in shown], label="decoding setting")  # fmt: skip
+        for row in table["rows"]:
+            if row["kind"] in ANCHOR_STYLE and row[key]["mean"] is not None:
+                color, style = ANCHOR_STYLE[row["kind"]]
+                axes.axvline(row[key]["mean"], color=color, linestyle=style, label=row["setting"])
+        axes.set_yticks(range(len(shown)), [row["setting"] for row in shown] if key == TRADE_OFF[0] else [])
+        axes.invert_yaxis()
+        axes.set_xlabel(table["metrics"][key])
+        axes.grid(alpha=0.3)
+    figure.legend(*axes.get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8)
+    figure.suptitle("Decoding settings on Quora: 2 warm-started models, 2,000 report pairs (mean ± std)", fontsize=10)
+    return figure
+
+
+def speed_figure(runs: list[dict]) -> Figure:
+    """Each time ratio of the speed results against the length L, the quartiles of its rounds as error bars, one
+    series per comparison, its target as a dashed line."""
+    ratios = {key: ratio for run in runs for key, ratio in run.get("ratios", {}).items()}
+    series: dict[str, list[tuple[int, dict]]] = {}
+    for key, ratio in ratios.items():
+        length, comparison = key.split("/", 1)
+        series.setdefault(comparison, []).append((int(length.removeprefix("L")), ratio))
+    figure = Figure(figsize=(8, 3.6), layout="constrained")
+    axes = figure.subplots()
+    for comparison, points in series.items():
+        points.sort(key=lambda point: point[0])
+        values = [ratio["value"] for _, ratio in points]
+        spread = [[value - ratio["quartiles"][0] for value, (_, ratio) in zip(values, points)],
+                  [ratio["quartiles"][1] - value for value, (_, ratio) in zip(values, points)]]  # fmt: skip
+        axes.errorbar([length for length, _ in points], values, yerr=spread, marker="o", capsize=3, label=comparison)
+    for target in {ratio["target"] for ratio in ratios.values() if "target" in ratio}:
+        axes.axhline(float(target.split()[-1]), color="gray", linestyle="--", linewidth=1, label=f"target {target}")
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(sorted({length for points in series.values() for length, _ in points}))
+    axes.get_xaxis().set_major_formatter("{x:.0f}")
+    axes.set_xlabel("source = target length L (tokens)")
+    axes.set_ylabel("time ratio (median of rounds)")
+    figure.legend(loc="outside right upper", fontsize=8)
+    axes.grid(alpha=0.3)
+    machine = next((run["machine"] for run in runs if run.get("ratios")), {})
+    axes.set_title(f"Training step, paper-size model, {machine.get('device', 'CPU')} one thread", fontsize=10)
+    return figure
+
+
+def draw_figures(runs: list[dict], folder: Path) -> list[Path]:
+    """novelty.png and speed.png in `folder`, from the runs that hold their data; the paths written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    figures = {"speed.png": speed_figure(runs)} if any(run.get("ratios") for run in runs) else {}
+    for run in runs:
+        if run.get("benchmark") == "novelty-table":
+            figures["novelty.png"] = novelty_figure(run)
+    for name, figure in figures.items():
+        figure.savefig(folder / name, dpi=90)
+    return [folder / name for name in figures]
+
+
 def show(runs: list[dict]) -> None:
     """The tables of every benchmark among the runs."""
     for name, draw in (("quality", quality), ("novelty", novelty), ("speed", speed)):
@@ -108,8 +180,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", help="runs.jsonl of quality.py and novelty.py, speed.py --out files "
                         "(default: every file in benchmarks/results/)")  # fmt: skip
+    parser.add_argument("--figures", type=Path, metavar="FOLDER", help="also draw the docs' figures there (docs/)")
     args = parser.parse_args(argv)
-    show(read_runs(args.runs or sorted(RESULTS.glob("*.json*"))))
+    runs = read_runs(args.runs or sorted(RESULTS.glob("*.json*")))
+    show(runs)
+    for path in draw_figures(runs, args.figures) if args.figures else []:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
