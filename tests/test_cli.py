@@ -297,18 +297,18 @@ def test_missing_model_path_is_named(tmp_path):
 def test_a_missing_model_that_looks_like_a_hub_id_fails_at_once_with_the_documented_message(
     tmp_path, monkeypatch, capsys
 ):
-    """docs/cli.md's typo "checkpoints/qoura" (next to checkpoints/) and an "owner/name" id while offline must not
+    """docs/cli.md's typo "runs/tempalte" (next to runs/) and an "owner/name" id while offline must not
     wait for Hub retries (26 s offline) before saying "no such model directory"."""
-    (tmp_path / "checkpoints").mkdir()
-    typo = run_cli("paraphrase", "--model", "checkpoints/qoura", SENTENCE, cwd=tmp_path)
-    assert (typo.returncode, typo.stderr) == (1, "cdnpg: error: --model checkpoints/qoura: no such model directory\n")
+    (tmp_path / "runs").mkdir()
+    typo = run_cli("paraphrase", "--model", "runs/tempalte", SENTENCE, cwd=tmp_path)
+    assert (typo.returncode, typo.stderr) == (1, "cdnpg: error: --model runs/tempalte: no such model directory\n")
     offline = run_cli("paraphrase", "--model", "someone/qoura", SENTENCE, cwd=tmp_path)  # run_cli: HF_HUB_OFFLINE=1
     assert offline.returncode == 1
     assert "cdnpg: error: --model someone/qoura: no such model directory" in offline.stderr
     # the check itself, timed in this process (a fresh one adds seconds of imports before it)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    for name in ("checkpoints/qoura", "someone/qoura"):
+    for name in ("runs/tempalte", "someone/qoura"):
         start = time.perf_counter()
         assert main(["paraphrase", "--model", name, SENTENCE]) == 1
         assert time.perf_counter() - start < 10  # Hub retries would take 26 s
