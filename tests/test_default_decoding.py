@@ -102,7 +102,7 @@ def test_the_shipped_warm_recipe_is_what_the_stated_rule_picks_from_the_measured
     assert shipped == chosen["flags"]
     # and run.py reads the recipe so: every key a flag, the chosen values in the parsed arguments
     parsed = {}
-    for arguments in parse_args([str(RECIPE), "--output_dir", "runs/unused"]):
+    for arguments in parse_args([str(RECIPE), "--output_dir", "runs/unused", "--quora_file", "quora.tsv"]):
         parsed |= vars(arguments)
     assert {flag: str(parsed[flag]).lower() for flag in chosen["flags"]} == chosen["flags"]
     # the docs name the same choice in words, and the recipe's comment gives its figures
@@ -140,3 +140,63 @@ def test_the_cli_called_without_decoding_flags_prints_the_checkpoints_default_pa
     unasked = paraphraser(SENTENCE, num_return_sequences=3)
     assert texts == [" ".join(c["generated_text"].split()) for c in unasked]
     assert scores == pytest.approx([c["score"] for c in unasked], abs=1e-3)
+
+
+ALONE = {  # each paraphrasing default a generation config may hold, set alone
+    "novelty": 0.5,
+    "keep_details": 0.5,
+    "rank_by": "score+reverse_likelihood",
+    "num_candidates": 3,
+}
+
+
+@pytest.mark.filterwarnings("ignore:novelty. this checkpoint's granularity is not calibrated")
+@pytest.mark.parametrize("name", list(ALONE))
+def test_each_paraphrasing_default_alone_is_decoded_and_described_alike_by_pipeline_cli_run_py_and_card(
+    tmp_path, name, paraphrase_calls, capsys
+):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
+
+    from cdnpg.cli import main as cli
+    from cdnpg.training.arguments import without_flags
+    from modeling_cdnpg import CDNPGText2TextPipeline
+    from modeling_cdnpg.generation_cdnpg import paraphrasing_defaults
+    from tests.test_cli import save_tiny, train_tokenizer
+    from tests.test_distributed import ARCHITECTURE
+
+    folder = save_tiny(tmp_path / "tiny", train_tokenizer())
+    config = GenerationConfig.from_pretrained(folder)
+    config.num_beams, config.max_new_tokens = 3, 20
+    setattr(config, name, ALONE[name])
+    config._from_model_config = False  # else from_pretrained makes the config anew from config.json
+    config.save_pretrained(folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    assert paraphrasing_defaults(model.generation_config) == {name: ALONE[name]}
+
+    # run.py's test predictions, from the checkpoint: through paraphrase(), which ranks and scores
+    output = tmp_path / "predicted"
+    kept = without_flags(TINY, [flag.removeprefix("--") for flag in ARCHITECTURE])  # the checkpoint brings them
+    main(["--output_dir", str(output), *kept, "--model_name_or_path", str(folder), "--do_predict",
+          "--do_train", "false", "--do_eval", "false", "--max_predict_samples", "6", "--generation_num_beams", "3",
+          "--max_source_length", "62"])  # fmt: skip  # no source cut: the pipeline cuts only at the model's limit
+    assert sum(call["rows"] for call in paraphrase_calls) == 6
+    assert json.loads((output / "generation_config.json").read_text())[name] == ALONE[name]  # kept by the save
+    rows = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+
+    # the pipeline called without settings: the same candidates, scored
+    paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=AutoTokenizer.from_pretrained(folder), device="cpu")
+    unasked = paraphraser([row["source"] for row in rows], batch_size=len(rows))
+    assert [squeezed(row["prediction"]) for row in rows] == [squeezed(c[0]["generated_text"]) for c in unasked]
+    assert all("score" in candidates[0] for candidates in unasked)
+
+    # the command line, called without decoding flags (its length the checkpoint's: the CLI stretches it to a longer
+    # input, which the tiny vocabulary makes of every sentence): the pipeline's first candidate and score
+    capsys.readouterr()
+    assert cli(["paraphrase", "--model", str(folder), "--max-new-tokens", "20", rows[0]["source"]]) == 0
+    text, score = capsys.readouterr().out.strip().split("\t")
+    assert text == " ".join(unasked[0][0]["generated_text"].split())
+    assert float(score) == pytest.approx(unasked[0][0]["score"], abs=1e-3)
+
+    # the card names it
+    value = repr(ALONE[name]) if isinstance(ALONE[name], str) else ALONE[name]
+    assert f"`{name}={value}`" in (output / "README.md").read_text()

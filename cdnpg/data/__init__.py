@@ -19,7 +19,7 @@ run: they are counted, logged with their line numbers, and returned in the repor
 
 from .corpora import UnknownWordMapper, normalize_text, prepare_quora, prepare_twitter_url
 from .pairs import both_directions, drop_near_copies, load_pair_files, near_copy_bleu, write_pair_files
-from .records import DataFileError, FileReport, MissingColumnError, PairDataReport
+from .records import DataFileError, FileReport, MissingColumnError, PairDataReport, TooFewPairsError
 from .template import SLOT_FILLERS, TEMPLATE_FAMILIES, SlotPool, template_corpus, template_slots, write_template_corpus
 from .tokenizer import (
     MODEL_INPUT_NAMES,
@@ -43,6 +43,7 @@ __all__ = [
     "MissingColumnError",
     "PairDataReport",
     "SlotPool",
+    "TooFewPairsError",
     "UnknownWordMapper",
     "both_directions",
     "drop_near_copies",

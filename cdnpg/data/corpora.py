@@ -17,7 +17,6 @@ from pathlib import Path
 
 from datasets import DatasetDict
 from tokenizers import models, normalizers, pre_tokenizers
-from transformers.utils.logging import tqdm
 
 from . import records
 
@@ -108,8 +107,8 @@ def _resolve_sizes(
 ) -> dict[str, int]:
     """Turn requested split sizes into actual ones; at most one size may be None, meaning "all the rest".
 
-    A request larger than what the file holds is an error unless ``scale_if_short``, which shrinks every requested
-    size by the same factor (so the split ratios of the paper are kept) and says so in the report.
+    A request larger than what the file holds is a `TooFewPairsError` unless ``scale_if_short``, which shrinks every
+    requested size by the same factor (so the split ratios of the paper are kept) and says so in the report.
     """
     fixed = {name: size for name, size in sizes.items() if size is not None}
     if any(size < 0 for size in fixed.values()):
@@ -118,7 +117,9 @@ def _resolve_sizes(
     if requested > available:
         message = f"{what}: {available} pairs available but {requested} requested ({fixed})"
         if not scale_if_short:
-            raise ValueError(f"{message}; pass smaller sizes or scale_if_short=True")
+            raise records.TooFewPairsError(
+                f"{message}; pass smaller sizes or scale_if_short=True", available, requested
+            )
         factor = available / requested
         fixed = {name: int(size * factor) for name, size in fixed.items()}
         report.note(f"{message}; scaled every split by {factor:.3f} to {fixed}", level=logging.WARNING)
@@ -258,9 +259,7 @@ def _read_twitter_lines(
     pairs: list[tuple[str, str]] = []
     expected = "2 or 4" if allow_unlabelled else "4"
     with path.open(encoding="utf-8", newline="") as handle:
-        for line_number, line in enumerate(
-            tqdm(handle, desc=f"reading {path.name}", unit=" lines", leave=False), start=1
-        ):
+        for line_number, line in enumerate(records.reading_progress(path, handle), start=1):
             line = line.rstrip("\r\n")
             if not line.strip():
                 continue

@@ -9,13 +9,16 @@ from __future__ import annotations
 import csv
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from datasets import Dataset, Features, Value
 from transformers.utils.logging import tqdm
+
+if TYPE_CHECKING:
+    import tqdm.std
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +34,22 @@ class MissingColumnError(DataFileError):
     """A column the loader was told to read is in no line (or not in the header) of a file."""
 
 
+class TooFewPairsError(DataFileError):
+    """A file holds fewer usable pairs than the split sizes ask for (`available` < `requested`)."""
+
+    def __init__(self, message: str, available: int, requested: int):
+        super().__init__(message)
+        self.available, self.requested = available, requested
+
+
 MAX_REPORTED_LINES = 5  # line numbers quoted per file in warnings; the counts are always complete
+PROGRESS_DELAY = 2.0  # seconds: a file read faster than this draws no progress bar
+
+
+def reading_progress(path: Path, lines: Iterable[str] | None = None) -> tqdm.std.tqdm:
+    """The progress bar of reading `path` (over `lines`, or updated by hand), drawn only once reading takes longer
+    than PROGRESS_DELAY: a small file is read without one."""
+    return tqdm(lines, desc=f"reading {path.name}", unit=" lines", leave=False, delay=PROGRESS_DELAY)
 
 
 @dataclass
@@ -130,7 +148,7 @@ def csv_records(
         header = [name.strip() for name in header]
 
     def records() -> Iterator[tuple[int, list[str], str | None]]:
-        bar = tqdm(desc=f"reading {path.name}", unit=" lines", leave=False)
+        bar = reading_progress(path)
         previous_line = reader.line_num
         while True:
             start = previous_line + 1

@@ -9,7 +9,7 @@ call the same functions.
   names only), `check_arguments` (what the flags must agree on before any data is read);
 - `checks`: the launch and the hardware (processes launched together, the strategy that trains, --bf16 on a CPU that
   emulates it, the threads of a busy CPU);
-- `output_dir`: the run's folder (refused when not empty, resumed, replaced; left as found by a run that stops before
+- `output_dir`: the run's folder (one run at a time, refused when not empty, resumed, replaced; left as found by a run that stops before
   its first save) and the errors that say where the model is;
 - `data`: pairs, tokenizer and features (`prepare_data`);
 - `model`: the model to train (`build_model`), the calibration of z after training and the save;

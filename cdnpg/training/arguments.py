@@ -24,10 +24,11 @@ DATASETS = ("template", "files", "quora_raw", "twitter_url_raw", "hub")
 SOURCE_FLAGS = {  # the flags that belong to one data source: giving any of them selects it
     "template": ("template_sizes",),
     "files": ("train_file", "validation_file", "test_file"),
-    "quora_raw": ("quora_file",),
+    "quora_raw": ("quora_file", "quora_sizes"),
     "twitter_url_raw": ("twitter_train_file", "twitter_test_files"),
     "hub": ("dataset_name",),
 }
+DATA_FLAGS = ("dataset", *(flag for flags in SOURCE_FLAGS.values() for flag in flags))  # what selects the data
 REQUIRED_FLAGS = {
     "files": ("train_file",),
     "quora_raw": ("quora_file",),
@@ -35,6 +36,7 @@ REQUIRED_FLAGS = {
     "hub": ("dataset_name",),
 }
 TEMPLATE_SIZES = (6000, 500, 500)  # train, validation, test pairs of the embedded template corpus
+QUORA_SIZES = (100_000, 4_000, 20_000)  # train, validation, test duplicate pairs: the paper's split (Section 4.1)
 # ModelArguments flag -> the CDNPGConfig fields it sets
 ARCHITECTURE_FLAGS = {
     "granularity_mask": ("granularity_mask",),
@@ -202,7 +204,20 @@ class DataArguments:
     test_file: str | None = field(default=None, metadata={"help": "dataset=files: test pairs."})
     source_column: str = field(default="source", metadata={"help": "Column holding the input sentence."})
     target_column: str = field(default="target", metadata={"help": "Column holding the paraphrase."})
-    quora_file: str | None = field(default=None, metadata={"help": "dataset=quora_raw: the Kaggle CSV/TSV."})
+    quora_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "dataset=quora_raw: Quora's quora_duplicate_questions.tsv (or Kaggle's train.csv), split as the "
+            "paper did: duplicates only, lowercased and BERT-tokenized, shuffled with --data_seed_split."
+        },
+    )
+    quora_sizes: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "dataset=quora_raw: train, valid, test pairs; None takes the paper's "
+            f"{' '.join(map(str, QUORA_SIZES))}. The test pairs are cut first, so they stay the same for any train size."
+        },
+    )
     twitter_train_file: str | None = field(default=None, metadata={"help": "dataset=twitter_url_raw: auto pairs."})
     twitter_test_files: list[str] | None = field(
         default=None, metadata={"help": "dataset=twitter_url_raw: the human-labelled files."}
@@ -259,7 +274,7 @@ class DataArguments:
                 if source != self.dataset:
                     raise UsageError(
                         f"--dataset {self.dataset} contradicts --{flags[0]}, which belongs to --dataset {source}: "
-                        "drop one"
+                        f"give --dataset {source}, or leave --dataset out (the data flags select their source)"
                     )
             selected_by = f"--dataset {self.dataset}"
         for name in REQUIRED_FLAGS.get(self.dataset, ()):
@@ -267,8 +282,12 @@ class DataArguments:
                 raise UsageError(f"{selected_by} needs --{name}")
         if self.drop_near_copies is not None and not 0 < self.drop_near_copies <= 100:
             raise UsageError(f"--drop_near_copies takes a BLEU in (0, 100], got {self.drop_near_copies}")
-        if self.template_sizes is not None and len(self.template_sizes) != 3:
-            raise UsageError(f"--template_sizes takes three numbers (train valid test), got {self.template_sizes}")
+        for name in ("template_sizes", "quora_sizes"):
+            sizes = getattr(self, name)
+            if sizes is not None and (len(sizes) != 3 or min(sizes) < 1):
+                raise UsageError(
+                    f"--{name} takes three numbers above 0 (train valid test), got {' '.join(map(str, sizes))}"
+                )
 
 
 @dataclass
@@ -374,6 +393,22 @@ class ArgumentParser(HfArgumentParser):
             raise UsageError(f"unexpected value {unknown[0]!r}{f' in {source}' if source else ''}: give it to a flag")
 
 
+def flag_names(argv: Sequence[str]) -> list[str]:
+    """The flags of `argv`, without their dashes and values: `--max_steps 5 --do_train` gives max_steps, do_train."""
+    return [token[2:].split("=", 1)[0] for token in argv if token.startswith("--")]
+
+
+def without_flags(argv: Sequence[str], names: Sequence[str]) -> list[str]:
+    """`argv` less the flags `names`, with their values."""
+    kept, dropping = [], False
+    for token in argv:
+        if token.startswith("--"):
+            dropping = token[2:].split("=", 1)[0] in names
+        if not dropping:
+            kept.append(token)
+    return kept
+
+
 def file_arguments(path: Path) -> list[str]:
     """The flags a JSON / YAML argument file stands for, in its order: `key: value` is `--key value`."""
     if not path.is_file():
@@ -399,11 +434,15 @@ def parse_args(
     argv: list[str] | None = None,
 ) -> tuple[ModelArguments, DataArguments, CDNPGTrainingArguments]:
     """Flags, or a JSON / YAML file given first whose values act as flags placed before the others (which override
-    them). A wrong value, or a flag or key that is not exactly one of the flags, raises `UsageError` naming it.
+    them). A data flag on the command line (`DATA_FLAGS`) replaces the file's data selection as a whole: the file's
+    `dataset` and data flags are dropped, so `template_cpu.yaml --train_file my.jsonl` trains on my.jsonl. A wrong
+    value, or a flag or key that is not exactly one of the flags, raises `UsageError` naming it.
 
-    Two settings are read as a user means them rather than as TrainingArguments would: `--do_eval false` evaluates
-    nowhere (TrainingArguments turns do_eval back on whenever eval_strategy is not "no", the recipe's default), and
-    `--bf16` on a machine without a GPU trains on the CPU (TrainingArguments asks for `--use_cpu true` there)."""
+    Three settings are read as a user means them rather than as TrainingArguments would: `--do_eval false` evaluates
+    nowhere (TrainingArguments turns do_eval back on whenever eval_strategy is not "no", the recipe's default),
+    `--bf16` on a machine without a GPU trains on the CPU (TrainingArguments asks for `--use_cpu true` there), and a
+    machine without a GPU pins no memory unless --dataloader_pin_memory says so (torch warns that pinning needs one;
+    TrainingArguments turns it off for --use_cpu only)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = ArgumentParser((ModelArguments, DataArguments, CDNPGTrainingArguments))
     from_file = []
@@ -412,10 +451,14 @@ def parse_args(
         from_file = file_arguments(path)
         parser.check_known(from_file, source=str(path))
     parser.check_known(argv)
+    named = [name for name in flag_names(argv) if name in DATA_FLAGS]
+    if named and (replaced := [name for name in flag_names(from_file) if name in DATA_FLAGS]):
+        logger.info("--%s replaces the data of %s (%s)", named[0], path, ", ".join(replaced))
+        from_file = without_flags(from_file, DATA_FLAGS)
     argv = from_file + argv
-    parser.set_defaults(do_eval=None)  # tells `--do_eval false` from a do_eval left out
+    parser.set_defaults(do_eval=None, dataloader_pin_memory=None)  # tells a setting given from one left out
     given, _ = parser.parse_known_args(argv)
-    parser.set_defaults(do_eval=False)
+    parser.set_defaults(do_eval=False, dataloader_pin_memory=True)
     if given.do_eval is False:
         if given.early_stopping_patience:
             raise UsageError("--early_stopping_patience stops on the validation loss, which --do_eval false skips")
@@ -424,6 +467,8 @@ def parse_args(
     if given.bf16 and not given.use_cpu and no_accelerator():
         logger.info("--bf16 without a GPU: training on the CPU (--use_cpu true)")
         argv += ["--use_cpu", "true"]
+    if given.dataloader_pin_memory is None and no_accelerator():
+        argv += ["--dataloader_pin_memory", "false"]  # pinned memory only speeds up copies to a GPU
     try:
         return parser.parse_args_into_dataclasses(args=argv)
     except UsageError:

@@ -153,8 +153,7 @@ def choose_cpu_threads(args: CDNPGTrainingArguments) -> None:
     threads = cpu_threads(default, cores, busy)
     if threads < default:
         logger.warning(
-            "%d of this machine's %d cores are busy with other processes: training on %d thread%s instead of %d, "
-            "which would wait for the busy cores at every operation (set OMP_NUM_THREADS to choose)",
-            min(busy, cores), cores, threads, "s" if threads > 1 else "", default,
+            "other processes keep %d of %d cores busy: training on %d thread%s (OMP_NUM_THREADS chooses)",
+            min(busy, cores), cores, threads, "s" if threads > 1 else "",
         )  # fmt: skip
         torch.set_num_threads(threads)

@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from cdnpg.data import (
     MissingColumnError,
+    TooFewPairsError,
     both_directions,
     drop_near_copies,
     load_pair_files,
@@ -18,7 +19,14 @@ from cdnpg.data import (
     template_corpus,
     train_wordpiece_tokenizer,
 )
-from cdnpg.training.arguments import TEMPLATE_SIZES, CDNPGTrainingArguments, DataArguments, ModelArguments, UsageError
+from cdnpg.training.arguments import (
+    QUORA_SIZES,
+    TEMPLATE_SIZES,
+    CDNPGTrainingArguments,
+    DataArguments,
+    ModelArguments,
+    UsageError,
+)
 
 logger = logging.getLogger("cdnpg.training")
 
@@ -41,7 +49,18 @@ def load_pairs(args: DataArguments) -> datasets.DatasetDict:
             ) from None
         logger.info("Read pair files: %s", report.to_dict())
     elif args.dataset == "quora_raw":
-        corpus, report = prepare_quora(args.quora_file, seed=args.data_seed_split)
+        train, valid, test = args.quora_sizes or QUORA_SIZES
+        try:
+            corpus, report = prepare_quora(
+                args.quora_file, seed=args.data_seed_split, train_size=train, valid_size=valid, test_size=test
+            )
+        except TooFewPairsError as error:
+            scaled = " ".join(str(size * error.available // error.requested) for size in (train, valid, test))
+            raise UsageError(
+                f"--quora_file {args.quora_file} holds {error.available} duplicate pairs, fewer than the "
+                f"{error.requested} of --quora_sizes {train} {valid} {test}: give smaller --quora_sizes, e.g. "
+                f"--quora_sizes {scaled}"
+            ) from None
         logger.info("Prepared Quora: %s", report.to_dict())
     elif args.dataset == "twitter_url_raw":
         corpus, report = prepare_twitter_url(

@@ -1,21 +1,26 @@
-"""The run's folder: transformers' output_dir convention (refuse a non-empty one unless the run resumes or replaces
-it), left as the run found it when the run fails or is stopped before its first checkpoint, the checkpoint a resumed
-run continues from, and the errors that say where the model is when a run stops early: Ctrl-C or `kill`
-(`TrainingInterrupted`) or a failure after the save (`PostTrainingError`)."""
+"""The run's folder: one run at a time (`run_lock`), transformers' output_dir convention (refuse a non-empty one
+unless the run resumes or replaces it), left as the run found it when the run fails or is stopped before its first
+checkpoint, the checkpoint a resumed run continues from, and the errors that say where the model is when a run stops
+early: Ctrl-C or `kill` (`TrainingInterrupted`) or a failure after the save (`PostTrainingError`)."""
 
+import json
 import logging
 import os
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from accelerate import PartialState
+from accelerate.utils import broadcast_object_list
+from filelock import FileLock, Timeout
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -106,6 +111,78 @@ def model_kept_on_failure(output_dir: str | os.PathLike, step: str) -> Iterator[
         ) from error
 
 
+def lock_files(output_dir: str | os.PathLike) -> tuple[Path, Path]:
+    """The lock of a run's folder and the note naming its holder, beside the folder (inside it they would be taken
+    for a run's files, and removed with a folder that a stopped run puts back): `runs/.x.lock`, `runs/.x.lock.json`."""
+    folder = Path(output_dir).absolute()
+    lock = folder.parent / f".{folder.name}.lock"
+    return lock, lock.with_name(lock.name + ".json")
+
+
+def lock_holder(output_dir: str | os.PathLike) -> str:
+    """Who holds the lock of `output_dir`, as its note says: process, host, since when, command."""
+    try:
+        note = json.loads(lock_files(output_dir)[1].read_text())
+        return f"process {note['pid']} on {note['host']}, since {note['since']}: {note['command']}"
+    except (OSError, ValueError, KeyError):  # the holder has not written it yet
+        return "a process that is starting"
+
+
+@contextmanager
+def output_dir_lock(output_dir: str | os.PathLike, command: Sequence[str] = ()) -> Iterator[None]:
+    """Hold the lock of `output_dir` in this process, for as long as the body runs.
+
+    The lock is the operating system's (filelock's `FileLock`: flock on Unix), taken by one process: it ends with
+    that process, however it ends, `kill -9` included, so a killed run never blocks the next one and no lock is ever
+    stale. The note beside it names the holder for the run it refuses.
+
+    Raises:
+        UsageError: another process holds the lock: "--output_dir X is in use by another run (process P on H, since
+            T: COMMAND) ...".
+    """
+    lock_path, note_path = lock_files(output_dir)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(lock_path, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise UsageError(
+            f"--output_dir {output_dir} is in use by another run ({lock_holder(output_dir)}): wait until it ends, or "
+            "choose another --output_dir"
+        ) from None
+    try:
+        since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        note = {"pid": os.getpid(), "host": socket.gethostname(), "since": since, "command": shlex.join(command)}
+        partial = note_path.with_name(f"{note_path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(note))
+        os.replace(partial, note_path)
+        yield
+    finally:
+        note_path.unlink(missing_ok=True)  # while the lock is still held: the next holder's note is never removed
+        lock.release()
+
+
+@contextmanager
+def run_lock(args: CDNPGTrainingArguments, argv: Sequence[str] = ()) -> Iterator[None]:
+    """One run at a time in `args.output_dir`: the launch's main process holds `output_dir_lock` for the whole run,
+    and a run that finds it held stops in every process, with the same one-line `UsageError`. The processes of one
+    launch, on one machine or several, are one run."""
+    check_output_path(Path(args.output_dir))
+    state = PartialState()
+    refusal: list[str | None] = [None]
+    with ExitStack() as held:
+        if state.is_main_process:
+            try:
+                held.enter_context(output_dir_lock(args.output_dir, [sys.argv[0], *argv]))
+            except UsageError as error:
+                refusal[0] = str(error)
+        if state.num_processes > 1:
+            broadcast_object_list(refusal)
+        if refusal[0] is not None:
+            raise UsageError(refusal[0])
+        yield
+
+
 def check_resumable(checkpoint: str) -> None:
     """A checkpoint resumes a run only with the optimizer and schedule state beside the weights; without them the
     Trainer would silently restart warm-up and AdamW's moments from zero."""
@@ -123,6 +200,14 @@ def check_resumable(checkpoint: str) -> None:
         )
 
 
+def check_output_path(folder: Path) -> None:
+    """`folder` is, or can become, a folder: neither it nor a folder above it is a file."""
+    existing = next(path for path in (folder, *folder.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == folder else f"is inside {existing}, a file"
+        raise UsageError(f"--output_dir {folder} {where}, not a folder: choose another --output_dir")
+
+
 def check_output_dir(
     args: CDNPGTrainingArguments, inputs: Sequence[str | None] = (), argv: Sequence[str] = ()
 ) -> None:
@@ -132,10 +217,7 @@ def check_output_dir(
     if args.resume_from_checkpoint:
         check_resumable(args.resume_from_checkpoint)
     folder = Path(args.output_dir)
-    existing = next(path for path in (folder, *folder.absolute().parents) if path.exists())
-    if not existing.is_dir():
-        where = "is a file" if existing == folder else f"is inside {existing}, a file"
-        raise UsageError(f"--output_dir {folder} {where}, not a folder: choose another --output_dir")
+    check_output_path(folder)
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
     if [path.name for path in entries] == [TOKENIZER] and not args.overwrite_output_dir:
         raise UsageError(

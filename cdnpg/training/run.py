@@ -32,6 +32,7 @@ from cdnpg.training.output_dir import (
     TrainingInterrupted,
     model_kept_on_failure,
     prepared_output_dir,
+    run_lock,
     terminate_as_interrupt,
 )
 from cdnpg.training.scoring import load_metric, predict_and_score, record, training_summary
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     check_bf16_on_cpu(training_args)
     choose_cpu_threads(training_args)
 
-    # The output folder: an earlier run there is refused, resumed or replaced; put back if this run stops before a save
+    # The output folder: one run at a time; an earlier run there is refused, resumed or replaced; put back if this run
+    # stops before a save
     inputs = [
         model_args.model_name_or_path, model_args.init_from, model_args.tokenizer_name, data_args.train_file,
         data_args.validation_file, data_args.test_file, data_args.quora_file, data_args.twitter_train_file,
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     with (
         terminate_as_interrupt(),
         interrupted(training_args, argv),
+        run_lock(training_args, argv),
         prepared_output_dir(training_args, inputs, argv) as start_training,
     ):
         # A checkpoint that does not load, or a missing WordNet for METEOR, fails now, before any data work

@@ -21,9 +21,7 @@ from cdnpg.data import make_tokenizer_config_portable
 from cdnpg.hub import render_model_card
 from cdnpg.training import workarounds
 from cdnpg.training.arguments import CDNPGTrainingArguments
-from modeling_cdnpg.generation_cdnpg import paraphrase
-
-PARAPHRASE_DEFAULTS = ("novelty", "keep_details")  # generation config fields that make paraphrase() the decoding
+from modeling_cdnpg.generation_cdnpg import Z_SETTINGS, paraphrase, paraphrasing_defaults
 
 
 def decoding_config(
@@ -34,13 +32,18 @@ def decoding_config(
     keep_details: float | None = None,
 ) -> GenerationConfig:
     """The checkpoint's decoding defaults: the paper's beam search over at most `max_target_length` new tokens, and
-    the paraphrasing rules (`novelty`, `keep_details`) that the pipeline and `cdnpg paraphrase` apply when called
-    without decoding arguments (`--generation_novelty`, `--generation_keep_details`; left out when None)."""
+    its paraphrasing defaults (`paraphrasing_defaults`), which the pipeline, `cdnpg paraphrase` and the test split's
+    prediction apply when called without them: `novelty` and `keep_details` as given (None: not set here), over those
+    of the checkpoint the model was loaded from, which stay, as does the z its rules read (`Z_SETTINGS`)."""
     config = GenerationConfig.from_model_config(model.config)
     config.num_beams, config.max_new_tokens, config.use_cache = num_beams, max_new_tokens, True
-    for name, value in (("novelty", novelty), ("keep_details", keep_details)):
-        if value is not None:
-            setattr(config, name, value)
+    loaded = model.generation_config
+    kept = {name: getattr(loaded, name) for name in Z_SETTINGS if getattr(loaded, name, None) is not None}
+    given = {
+        name: value for name, value in (("novelty", novelty), ("keep_details", keep_details)) if value is not None
+    }
+    for name, value in {**kept, **paraphrasing_defaults(loaded), **given}.items():
+        setattr(config, name, value)
     return config
 
 
@@ -49,12 +52,6 @@ def run_decoding_config(model: PreTrainedModel, args: CDNPGTrainingArguments, ma
     return decoding_config(
         model, args.generation_num_beams, max_new_tokens, args.generation_novelty, args.generation_keep_details
     )
-
-
-def paraphrases_by_default(model: PreTrainedModel) -> bool:
-    """The model's generation config names a paraphrasing rule (`novelty` or `keep_details`): the pipeline decodes
-    it through `paraphrase()`, and so does the test split's prediction."""
-    return any(getattr(model.generation_config, name, None) is not None for name in PARAPHRASE_DEFAULTS)
 
 
 class CDNPGTrainer(Seq2SeqTrainer):
@@ -102,11 +99,13 @@ class CDNPGTrainer(Seq2SeqTrainer):
             make_tokenizer_config_portable(output_dir)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
-        """Seq2SeqTrainer's step; for a model whose generation config names a paraphrasing rule, the sequences come
+        """Seq2SeqTrainer's step; for a model with paraphrasing defaults (`paraphrasing_defaults`), the sequences come
         from `paraphrase()`, as the pipeline and `cdnpg paraphrase` decode such a checkpoint, so that the test split is
         scored as users will decode it (generate() ignores the rules)."""
         paraphrasing = (
-            self.args.predict_with_generate and not prediction_loss_only and paraphrases_by_default(self.model)
+            self.args.predict_with_generate
+            and not prediction_loss_only
+            and bool(paraphrasing_defaults(self.model.generation_config))
         )
         with workarounds.generation_config_kept(self.model), workarounds.fsdp_root_unsharded(self.model):
             loss, sequences, labels = super().prediction_step(
