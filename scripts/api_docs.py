@@ -196,7 +196,8 @@ def render() -> str:
         f"- {output_fields(generation_cdnpg.CDNPGParaphraseOutput)}",
         f"## `ParaphraseSettings`\n\n```text\n{signature('ParaphraseSettings', settings)}\n```\n\n"
         f"{prose(inspect.getdoc(settings))}\nA generation config may default these fields: "
-        f"{', '.join(f'`{name}`' for name in generation_cdnpg.CONFIGURED)} (`from_generation_config`).\n",
+        f"{', '.join(f'`{name}`' for name in generation_cdnpg.CONFIGURED)} (`from_generation_config`). "
+        f"`paraphrasing_defaults(generation_config)`: {prose(inspect.getdoc(generation_cdnpg.paraphrasing_defaults))}",
         function_section(
             "`granularity_processors()`", "granularity_processors", generation_cdnpg.granularity_processors
         ),
