@@ -195,7 +195,11 @@ def render() -> str:
         function_section("`paraphrase()`", "paraphrase", generation_cdnpg.paraphrase),
         f"- {output_fields(generation_cdnpg.CDNPGParaphraseOutput)}",
         f"## `ParaphraseSettings`\n\n```text\n{signature('ParaphraseSettings', settings)}\n```\n\n"
-        f"{prose(inspect.getdoc(settings))}\nA generation config may default these fields: "
+        f"{prose(inspect.getdoc(settings))}\n"
+        f"- `candidates`: {inspect.getdoc(settings.candidates)}\n- `groups`: {inspect.getdoc(settings.groups)}\n"
+        f"- `ranking_weights(rank_by)`: {' '.join(inspect.getdoc(generation_cdnpg.ranking_weights).split())} "
+        f"`RANKING_PARTS`: {', '.join(f'`{part}`' for part in generation_cdnpg.RANKING_PARTS)}.\n\n"
+        "A generation config may default these fields: "
         f"{', '.join(f'`{name}`' for name in generation_cdnpg.CONFIGURED)} (`from_generation_config`). "
         f"`paraphrasing_defaults(generation_config)`: {prose(inspect.getdoc(generation_cdnpg.paraphrasing_defaults))}",
         function_section(
