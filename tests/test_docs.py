@@ -49,7 +49,7 @@ HUB_IDS = ("user/name",)
 INPUT_FILES = {
     "questions.txt": "how do i learn python ?\nwhat is the capital of france ?\n",
     "questions.tsv": "how do i learn python ?\thow can i learn python ?\nwhy is the sky blue ?\twhy is the sky blue ?\n",
-    # a user's own pairs (README's "Train on your own pairs")
+    # a user's own pairs (README's "Train on your own pairs", train.md's "Data")
     **{
         f"{split}.jsonl": "".join(
             f'{{"source": "how do i learn {topic} ?", "target": "how can i learn {topic} ?"}}\n'
