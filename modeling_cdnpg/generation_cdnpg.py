@@ -688,15 +688,6 @@ def paraphrase(
     return rank_candidates(model, tokenizer, source, sequences, filled, settings)
 
 
-__all__ = [
-    "CDNPGParaphraseOutput",
-    "DetailBonusLogitsProcessor",
-    "NoCopyLogitsProcessor",
-    "ParaphraseSettings",
-    "SourceNgramPenaltyLogitsProcessor",
-    "granularity_processors",
-    "paraphrase",
-    "paraphrasing_defaults",
-    "source_ngrams",
-    "word_starts",
-]
+__all__ = ["CDNPGParaphraseOutput", "DetailBonusLogitsProcessor", "NoCopyLogitsProcessor", "ParaphraseSettings",
+           "SourceNgramPenaltyLogitsProcessor", "granularity_processors", "paraphrase", "paraphrasing_defaults",
+           "source_ngrams", "word_starts"]  # fmt: skip
