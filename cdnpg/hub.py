@@ -48,7 +48,7 @@ CARD_METRICS = [  # (test metric, read from all_results.json as test_<metric>; m
 CARD_TAGS = ["paraphrase-generation", "c-dnpg", "granularity-aware-attention", "custom_code"]
 # The transformers releases the model code of this cdnpg was tested on (CI: the newest 5.x and 4.57.x), which every
 # checkpoint's card names. Code saved before transformers 5.24 was supported decodes wrong there (docs/compatibility.md).
-TESTED_TRANSFORMERS = ("4.57.6", "5.24.0")
+TESTED_TRANSFORMERS = ("4.57.6", "5.25.0")
 # The model code a checkpoint carries (save_pretrained copies it with its relative imports): what refresh_model_code
 # replaces.
 REMOTE_CODE_FILES = (

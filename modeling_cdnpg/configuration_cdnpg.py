@@ -20,6 +20,8 @@ TEXT2TEXT_PIPELINE = {
     }
 }
 
+# --- transformers version shims: each names the version it is for; delete it with that version's support ---
+CACHE_OUTPUT_NAMES = ["cache", "past_key_values"]  # the cache's output field: 5.24 renamed past_key_values, 4.57's
 
 CHOICES = {  # the values these fields take
     "granularity_mask": GRANULARITY_MASKS,
@@ -86,8 +88,7 @@ class CDNPGConfig(PretrainedConfig):
     """
 
     model_type = "cdnpg"
-    # the output fields Trainer.prediction_step leaves out of the logits: the cache, under its names in 5.24 and 4.57
-    keys_to_ignore_at_inference = ["cache", "past_key_values"]
+    keys_to_ignore_at_inference = CACHE_OUTPUT_NAMES  # Trainer.prediction_step leaves the cache out of the logits
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "encoder_attention_heads",
@@ -152,7 +153,7 @@ class CDNPGConfig(PretrainedConfig):
         self.lm_head_transform = lm_head_transform
         self.copy_mechanism = copy_mechanism
         self.copy_excluded_token_ids = list(copy_excluded_token_ids) if copy_excluded_token_ids is not None else None
-        self.use_cache = use_cache  # 5.x's base config no longer sets it from kwargs
+        self.use_cache = use_cache  # set here, as BartConfig does: generate() and the decoder read it
         self.tie_word_embeddings = tie_word_embeddings
         # a copy per config: transformers.pipeline rewrites the class names it reads into classes, in place
         kwargs["custom_pipelines"] = copy.deepcopy(kwargs.get("custom_pipelines") or TEXT2TEXT_PIPELINE)

@@ -158,21 +158,19 @@ class ParaphraseSettings:
 
     @classmethod
     def from_generation_config(cls, generation_config: GenerationConfig, **given) -> "ParaphraseSettings":
-        """The settings `given` (None: not given), else the generation config's: `paraphrasing_defaults` and
-        num_return_sequences."""
+        """The settings `given` (None: not given), else the generation config's: `CONFIGURED`, num_return_sequences."""
         given = {name: value for name, value in given.items() if value is not None}
-        configured = paraphrasing_defaults(generation_config)
-        if (count := getattr(generation_config, "num_return_sequences", None)) is not None:
-            configured["num_return_sequences"] = count
+        configured = paraphrasing_defaults(generation_config, "num_return_sequences")
         default = {name: value for name, value in configured.items() if name not in given}
         return cls(**default, **given, configured=frozenset(default))
 
 
-def paraphrasing_defaults(generation_config: GenerationConfig) -> dict[str, object]:
-    """The checkpoint's own paraphrasing: the `CONFIGURED` settings its generation config sets. Where there is one,
-    the pipeline and `cdnpg paraphrase` called without these settings, and training/run.py's test predictions, decode
-    through `paraphrase()` with it, and the model card names it; where there is none, they decode by `generate()`."""
-    return {name: value for name in CONFIGURED if (value := getattr(generation_config, name, None)) is not None}
+def paraphrasing_defaults(generation_config: GenerationConfig, *also: str) -> dict[str, object]:
+    """The checkpoint's own paraphrasing (and the settings `also`), as its generation config sets `CONFIGURED`: the
+    pipeline and `cdnpg paraphrase` called without them and run.py's predictions decode with it through `paraphrase()`
+    (without, by `generate()`), and the model card names it."""
+    names = (*CONFIGURED, *also)
+    return {name: value for name in names if (value := getattr(generation_config, name, None)) is not None}
 
 
 SETTINGS = tuple(each.name for each in fields(ParaphraseSettings) if each.init and each.name != "configured")
@@ -695,15 +693,6 @@ def paraphrase(
     return rank_candidates(model, tokenizer, source, sequences, filled, settings)
 
 
-__all__ = [
-    "CDNPGParaphraseOutput",
-    "DetailBonusLogitsProcessor",
-    "NoCopyLogitsProcessor",
-    "ParaphraseSettings",
-    "SourceNgramPenaltyLogitsProcessor",
-    "granularity_processors",
-    "paraphrase",
-    "paraphrasing_defaults",
-    "source_ngrams",
-    "word_starts",
-]
+__all__ = ["CDNPGParaphraseOutput", "DetailBonusLogitsProcessor", "NoCopyLogitsProcessor", "ParaphraseSettings",
+           "SourceNgramPenaltyLogitsProcessor", "granularity_processors", "paraphrase", "paraphrasing_defaults",
+           "source_ngrams", "word_starts"]  # fmt: skip

@@ -1104,15 +1104,5 @@ class CDNPGForConditionalGeneration(CDNPGPreTrainedModel, GenerationMixin):
         return super().generate(*args, **kwargs)
 
 
-__all__ = [
-    "CDNPGDecoder",
-    "CDNPGEncoder",
-    "CDNPGForConditionalGeneration",
-    "CDNPGModel",
-    "CDNPGPreTrainedModel",
-    "GranularityCache",
-    "GranularityHead",
-    "granularity_mask",
-    "resonance_mask",
-    "scope_mask",
-]
+__all__ = ["CDNPGDecoder", "CDNPGEncoder", "CDNPGForConditionalGeneration", "CDNPGModel", "CDNPGPreTrainedModel",
+           "GranularityCache", "GranularityHead", "granularity_mask", "resonance_mask", "scope_mask"]  # fmt: skip

@@ -245,3 +245,22 @@ def test_two_machine_ranks_over_loopback_run_every_stage_and_predict_what_one_pr
             for item in TINY[TINY.index(flag) : TINY.index(flag) + 2]]  # fmt: skip
     main(["--output_dir", str(single), *kept, *STAGES, "--model_name_or_path", str(output), "--do_train", "False"])
     assert rows == (single / "predictions.jsonl").read_text().splitlines()
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_a_launch_into_a_folder_another_run_holds_stops_in_every_process_with_one_line(tmp_path):
+    """The launch's main process finds the lock held and tells the others: every process stops before any data work,
+    none waits for the main one in vain."""
+    from cdnpg.training.output_dir import output_dir_lock
+
+    output = tmp_path / "out"
+    with output_dir_lock(output, ["training/run.py", "first"]):
+        result = launch(
+            DDP_CONFIG, ["--output_dir", str(output), *TINY, "--do_train", "--use_cpu", "True"], check=False
+        )
+    assert result.returncode != 0
+    refusals = [line for line in result.stderr.splitlines() if "is in use by another run (process " in line]
+    assert len(refusals) == 1, result.stderr[-3000:]  # said once, by the first process
+    assert refusals[0].startswith(f"run_probe.py: error: --output_dir {output} is in use by another run (process ")
+    assert not output.exists()

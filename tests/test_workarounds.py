@@ -144,3 +144,19 @@ def test_the_granularity_learning_rate_keeps_every_other_setting_of_the_trainer_
     model = tiny_model()
     given = plain.create_optimizer(model)
     assert {id(p) for group in given.param_groups for p in group["params"]} == {id(p) for p in model.parameters()}
+
+
+def test_transformers_passes_create_optimizer_the_model_to_optimize_and_its_granularity_heads_get_their_rate(tmp_path):
+    import inspect
+
+    assert "model" in inspect.signature(Trainer.create_optimizer).parameters  # transformers 5.x; 4.57 passes none
+    common = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", eval_strategy="no",
+                  load_best_model_at_end=False, save_strategy="no", granularity_learning_rate=0.5)  # fmt: skip
+    own, passed = tiny_model(), tiny_model(seed=1)
+    trainer = CDNPGTrainer(model=own, args=CDNPGTrainingArguments(**common))
+    assert (
+        workarounds.optimizer_model(trainer, ()) is own and workarounds.optimizer_model(trainer, (passed,)) is passed
+    )
+    heads = {id(p) for name, p in passed.named_parameters() if ".granularity_head." in name}
+    grouped = [group for group in trainer.create_optimizer(passed).param_groups if group["lr"] == 0.5]
+    assert heads and {id(p) for group in grouped for p in group["params"]} == heads  # the passed model's heads

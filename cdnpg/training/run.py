@@ -141,14 +141,15 @@ def interrupted(args: CDNPGTrainingArguments, argv: Sequence[str]) -> Iterator[N
 @contextmanager
 def one_line_errors() -> Iterator[None]:
     """`training/run.py`'s command line: a wrong flag, a missing file or model, or a failure after the save ends with
-    its message (the log above it has the details), not a traceback; Ctrl-C with one line and the exit code 130."""
-    program = Path(sys.argv[0]).name
+    its message (the log above it has the details), not a traceback; Ctrl-C with one line and the exit code 130. In a
+    launch of several processes, the first one says it."""
+    program, first = Path(sys.argv[0]).name, int(os.environ.get("RANK", "0")) == 0
     try:
         yield
-    except (UsageError, FileNotFoundError, DataFileError, PostTrainingError) as error:
-        raise SystemExit(f"{program}: error: {error}") from None
-    except TrainingInterrupted as stop:  # every process of a launch gets the signal: one line, from the first
-        if int(os.environ.get("RANK", "0")) == 0:
+    except (UsageError, FileNotFoundError, DataFileError, PostTrainingError) as error:  # alike in every process
+        raise SystemExit(f"{program}: error: {error}" if first else 1) from None
+    except TrainingInterrupted as stop:  # every process of a launch gets the signal
+        if first:
             print(f"{chr(10) if stop.progress_bar else ''}{program}: {stop}", file=sys.stderr)
         raise SystemExit(130) from None  # 128 + SIGINT, as the shell reports an interrupted command
 

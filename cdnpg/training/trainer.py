@@ -69,14 +69,14 @@ class CDNPGTrainer(Seq2SeqTrainer):
             workarounds.share_tied_embedding_modules(self.model)
 
     def create_optimizer(self, *model: torch.nn.Module) -> torch.optim.Optimizer:
-        """The Trainer's optimizer (`model`: the one transformers 5.x passes under FSDP; 4.57 passes none). With
-        `granularity_learning_rate`, the granularity heads' parameters move to groups of their own at that rate (their
-        weight decay kept), so the schedule scales them as it scales the rest."""
+        """The Trainer's optimizer (of `workarounds.optimizer_model`). With `granularity_learning_rate`, the
+        granularity heads' parameters move to groups of their own at that rate (their weight decay kept), so the
+        schedule scales them as it scales the rest."""
         optimizer = super().create_optimizer(*model)
         rate = getattr(self.args, "granularity_learning_rate", None)
         if rate is None:
             return optimizer
-        named = (model[0] if model else self.model).named_parameters()
+        named = workarounds.optimizer_model(self, model).named_parameters()
         heads = {id(p) for name, p in named if ".granularity_head." in name}
         for group in list(optimizer.param_groups):
             moved = [p for p in group["params"] if id(p) in heads]

@@ -3,8 +3,8 @@ it is for. `tests/test_workarounds.py` reproduces each limitation with the plain
 fails, upstream no longer has the limitation and the workaround below it can be deleted.
 
 Written for transformers 5.24, accelerate 1.15 and torch 2.13. `CDNPGTrainer` (trainer.py) calls them from
-`Seq2SeqTrainer`'s public hooks: `__init__`, `prediction_step`, `save_model`, and the `gather_function` attribute that
-the Trainer reads.
+`Seq2SeqTrainer`'s public hooks: `__init__`, `create_optimizer`, `prediction_step`, `save_model`, and the
+`gather_function` attribute that the Trainer reads.
 """
 
 import copy
@@ -62,6 +62,12 @@ def ddp_find_unused_parameters(model: torch.nn.Module) -> bool | None:
     and torch warns at every step where it finds none. None (the Trainer's choice) for a model that is not C-DNPG."""
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", None)
     return None if tied is None else not tied
+
+
+def optimizer_model(trainer: Seq2SeqTrainer, passed: tuple[torch.nn.Module, ...]) -> torch.nn.Module:
+    """The model whose parameters `Trainer.create_optimizer(*passed)` groups: transformers 5.x passes it (under FSDP
+    the wrapped one, whose parameters the optimizer must hold), 4.57 passes none and optimizes `trainer.model`."""
+    return passed[0] if passed else trainer.model
 
 
 # -- Resuming: tied weights are stored once ---------------------------------------------------------------------------
