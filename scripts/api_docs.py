@@ -201,7 +201,8 @@ def render() -> str:
         f"`RANKING_PARTS`: {', '.join(f'`{part}`' for part in generation_cdnpg.RANKING_PARTS)}.\n\n"
         "A generation config may default these fields: "
         f"{', '.join(f'`{name}`' for name in generation_cdnpg.CONFIGURED)} (`from_generation_config`). "
-        f"`paraphrasing_defaults(generation_config)`: {prose(inspect.getdoc(generation_cdnpg.paraphrasing_defaults))}",
+        f"`{signature('paraphrasing_defaults', generation_cdnpg.paraphrasing_defaults)}`: "
+        f"{prose(inspect.getdoc(generation_cdnpg.paraphrasing_defaults))}",
         function_section(
             "`granularity_processors()`", "granularity_processors", generation_cdnpg.granularity_processors
         ),
