@@ -679,7 +679,7 @@ def paraphrase(
     """Paraphrase a batch (`inputs`: `input_ids` and `attention_mask`, as for generate()) with the z rules into
     distinct candidates (`CDNPGParaphraseOutput`): check, search, score and rank.
 
-    model: a C-DNPG model (or any seq2seq model, whose tokens then weigh alike).
+    model: a C-DNPG model (with `granularity_mask="none"`, no z: every source token weighs alike).
     settings: `ParaphraseSettings`, or its fields as keyword arguments (`ParaphraseSettings.from_generation_config`).
     tokenizer: tells where words start (None: every token is a word) and decodes the texts for a similarity ranking.
     generation_config, logits_processor: as for generate() (default: the model's generation config, no processors).
