@@ -383,8 +383,8 @@ def build_app(demo: Demo) -> gr.Blocks:
         with gr.Accordion("z per word and layer", open=False):
             values = gr.Dataframe(headers=["word", *(f"encoder {i}" for i in range(1, layers + 1))],
                                   interactive=False, elem_id="z_table")  # fmt: skip
-        image = gr.Image(label="Figure 2: z of every encoder layer", type="pil", format="png", elem_id="figure",
-                         interactive=False)  # fmt: skip
+        gr.Markdown("### The paper's Figure 2 for the input: z of every encoder layer")
+        image = gr.Image(show_label=False, type="pil", format="png", elem_id="figure", interactive=False)
         inputs = [text, novelty, keep, count, rank_by]
         shared = {"concurrency_limit": 1, "concurrency_id": CONCURRENCY}
         event = gr.on([button.click, text.submit], on_paraphrase, inputs, [status, results, output],
