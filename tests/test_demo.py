@@ -260,6 +260,8 @@ def test_cdnpg_demo_says_in_one_line_why_it_cannot_serve(tmp_path, checkpoint, c
         errors = [line for line in err.splitlines() if line.startswith("cdnpg: error:")]
         assert len(errors) == 1 and errors[0].startswith("cdnpg: error: --model") and "Traceback" not in err, err
     monkeypatch.setitem(sys.modules, "gradio", None)  # as where it is not installed
+    assert main(["--help"]) == 0  # the command line itself needs no gradio
+    capsys.readouterr()
     assert main(["demo", "--model", str(checkpoint)]) == 1
     assert capsys.readouterr().err.strip() == (
         "cdnpg: error: the demo needs gradio, which is not installed: pip install 'cdnpg[demo]' (pip install -e "
@@ -268,8 +270,8 @@ def test_cdnpg_demo_says_in_one_line_why_it_cannot_serve(tmp_path, checkpoint, c
     assert main(["demo", "--model", str(checkpoint), "--port", "70000"]) == 2
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("demo_screenshot", SCRIPT)
+def load_script(path: Path = SCRIPT, name: str = "demo_screenshot"):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -330,3 +332,23 @@ def test_the_space_runs_from_a_copied_folder(calibrated, tmp_path):
         server.kill()
         _, err = server.communicate()
     assert "Traceback" not in err, err[-2000:]
+
+
+def test_the_benchmark_times_the_app_and_the_pipeline_on_the_same_answers(calibrated, tmp_path):
+    """benchmarks/demo.py --quick: one start of `cdnpg demo`, two rounds; it stops if a way answers other paraphrases
+    than the pipeline. No timing is asserted (docs/demo.md gives the full run's)."""
+    benchmark = load_script(ROOT / "benchmarks" / "demo.py", "demo_benchmark")
+    import torch
+
+    threads, torch_threads = os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()  # main() sets both
+    try:
+        results = benchmark.main([str(calibrated), "--quick", "--out", str(tmp_path / "demo.json")])
+    finally:
+        torch.set_num_threads(torch_threads)
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
+    assert json.loads((tmp_path / "demo.json").read_text()) == json.loads(json.dumps(results))
+    assert set(results["ratio_to_pipeline"]) == {"app (gradio_client)", "app (HTTP API)"}
+    assert all(value > 0 for value in results["seconds_per_request"].values()) and results["first_page_seconds"] > 0
