@@ -100,7 +100,8 @@ class Paraphrases:
 @dataclass
 class Granularity:
     """z of every encoder layer per word (`word_granularities`), the index of the row the page colours (`layer`,
-    into `rows`) and why that one (`caption`); or `error` (one line, no rows)."""
+    into `rows`), why that one (`caption`) and `notes` (an input cut to the model's limit); or `error` (one line, no
+    rows)."""
 
     rows: list[LayerRow]
     layer: int = -1

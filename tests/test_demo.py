@@ -120,6 +120,14 @@ def test_the_page_shows_what_the_pipeline_returns(demo, hub_pipeline):
         assert all("score" in candidate for candidate in shown.candidates)  # each with its score, best first
         scores = [candidate["score"] for candidate in shown.candidates]
         assert scores == sorted(scores, reverse=True) and len(scores) >= 1
+    if demo.similarity_model is not None:  # a ranking by meaning: the page's embedder is the pipeline's similarity=
+        from cdnpg.ranking import SentenceSimilarity
+
+        shown = paraphrase_text(demo, SENTENCE, 0.5, 0.0, 2, "score+similarity")
+        similarity = SentenceSimilarity.from_pretrained(demo.similarity_model)
+        expected = hub_pipeline(SENTENCE, novelty=0.5, keep_details=0.0, num_return_sequences=2,
+                                rank_by="score+similarity", similarity=similarity)  # fmt: skip
+        assert shown.candidates == expected and all("similarity" in candidate for candidate in expected)
 
 
 def test_the_controls_start_at_the_checkpoints_own_defaults(demo, checkpoint):
