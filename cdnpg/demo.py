@@ -166,6 +166,12 @@ def load_demo(name_or_path: str, device: str = "auto", trust_remote_code: bool =
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def _line(error: Exception) -> str:
+    """An exception's message as one line (its first), else its type's name."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def _strength(name: str, value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         return f"{name} must be a number from 0 to 1, got {value!r}"
@@ -233,12 +239,18 @@ def paraphrase_text(
     ranking = parse_ranking(rank_by)
     settings: dict[str, Any] = {"novelty": float(novelty), "keep_details": float(keep_details),
                                 "num_return_sequences": int(num_paraphrases), "rank_by": ranking}  # fmt: skip
-    if needs_similarity(ranking):
-        settings["similarity"] = demo.similarity()
+    try:
+        if needs_similarity(ranking):
+            settings["similarity"] = demo.similarity()
+    except (OSError, ValueError) as err:
+        return Paraphrases([], error=f"The sentence embedder of rank_by {rank_by!r} cannot be loaded: {_line(err)}")
     notes = [note] if (note := truncation_note(demo, text)) else []
     with warnings.catch_warnings(record=True) as caught:  # the pipeline's: fewer candidates, an uncalibrated z
         warnings.simplefilter("always")
-        candidates = demo.paraphraser(text, **settings)
+        try:
+            candidates = demo.paraphraser(text, **settings)
+        except ValueError as err:  # settings the checkpoint's generation config contradicts: its own message
+            return Paraphrases([], error=f"The pipeline refused these settings: {_line(err)}")
     notes += list(dict.fromkeys(str(warning.message) for warning in caught))
     return Paraphrases(candidates, notes)
 

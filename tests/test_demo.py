@@ -201,6 +201,14 @@ def test_bad_input_is_one_line_on_the_page_not_an_error(demo):
     ]:
         found = paraphrase_text(demo, SENTENCE, *values)
         assert found.candidates == [] and said in found.error, values
+    refused = demo.model.generation_config
+    refused.num_candidates = 0  # a checkpoint whose defaults the pipeline refuses: its message, as a line
+    try:
+        found = paraphrase_text(demo, SENTENCE, 0.5, 0.5, 2, "score")
+    finally:
+        del refused.num_candidates
+    assert found.candidates == [] and found.error.startswith("The pipeline refused these settings: ")
+    assert "generation_config.num_candidates" in found.error and "\n" not in found.error
     long = " ".join([SENTENCE] * 200)  # 2,000 words
     tokens = len(demo.tokenizer(long, verbose=False)["input_ids"])
     found = paraphrase_text(demo, long, 0.5, 0.5, 2, "score")
