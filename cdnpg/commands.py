@@ -33,6 +33,7 @@ LOGGERS = ("cdnpg", "modeling_cdnpg")  # said on stderr as the command's: its ow
 # stdin quiet this long: paraphrase the lines read so far rather than wait for a full batch (a slow producer's lines
 # are printed as they come; a fast one still fills batches)
 STDIN_STALL_SECONDS = 0.2
+INSTALL_DEMO = "pip install 'cdnpg[demo]' (pip install -e '.[demo]' in a checkout)"
 
 
 class CLIError(Exception):
@@ -434,6 +435,43 @@ def run_granularity(args: argparse.Namespace) -> int:
         logger.info("wrote %s", render(rows, out))
     if args.show:
         sys.stdout.write(render_text(rows, color=_use_color()))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# demo
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def check_demo(args: argparse.Namespace) -> str | None:
+    if args.port is not None and not 1 <= args.port <= 65535:
+        return f"--port must be from 1 to 65535, got {args.port}"
+    return None
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Load the model, then serve its page (`cdnpg.demo`) until Ctrl-C: a model that does not load, or a missing
+    gradio, is one line and exit code 1, and no page is started."""
+    try:
+        import gradio  # noqa: F401
+    except ModuleNotFoundError as err:
+        raise CLIError(f"the demo needs gradio, which is not installed: {INSTALL_DEMO}") from err
+    from cdnpg.demo import build_app, launch, load_demo
+
+    demo = load_demo(args.model, args.device, args.trust_remote_code)
+    app = build_app(demo)
+    try:
+        url = launch(app, port=args.port, share=args.share)
+    except OSError as err:  # the port is taken, or cannot be bound
+        raise CLIError(f"--port {args.port}: cannot serve there: {err}") from err
+    print(url, flush=True)  # stdout: the address, for a user or a script to open
+    logger.info("serving %s on %s; Ctrl-C stops it", args.model, url)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        logger.info("stopped")
+    finally:
+        app.close()
     return EXIT_OK
 
 

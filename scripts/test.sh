@@ -16,6 +16,17 @@ compat() {
 compat &
 compat_pid=$!
 bash scripts/setup.sh test
+# Debian's chromium for the browser test of the demo page (tests/test_demo.py drives it through playwright, from the
+# test extra); where it cannot be installed, that test skips and says why
+browser() {
+  command -v chromium >/dev/null 2>&1 && return 0
+  as_root=""
+  [ "$(id -u)" -eq 0 ] || as_root="sudo"
+  { $as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq chromium; } ||
+    echo "test.sh: chromium could not be installed: the demo's browser test will skip" >&2
+}
+browser &
+browser_pid=$!
 wait "$compat_pid"
 
 # a non-editable install with the train extras (and WordNet): tests/test_training.py builds a wheel of the checkout,
@@ -25,6 +36,8 @@ wait "$compat_pid"
 .venv-wheel/bin/python -m pip install --quiet torch==2.13.0 "setuptools>=64" wheel
 .venv-wheel/bin/python -m pip install --quiet ".[train]"
 .venv-wheel/bin/python training/install_wordnet.py
+
+wait "$browser_pid"
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

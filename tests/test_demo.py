@@ -1,0 +1,370 @@
+"""`cdnpg demo` (cdnpg/demo.py): the page shows what the pipeline returns and the z that `cdnpg granularity` computes;
+bad input is a line on the page, not an error; the app answers through gradio_client as a lone request does, also
+in a burst; `cdnpg demo` serves the page or says in one line why not; the Space's app runs from a copied folder; a
+real browser (Debian's chromium through playwright) paraphrases, sees the coloured words and the figure."""
+
+import importlib.util
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from cdnpg.cli import main
+from cdnpg.hub import save_checkpoint
+from tests.conftest import ROOT, shared_folder, trained_paraphraser
+
+gradio = pytest.importorskip("gradio", reason="the demo extra (gradio) is not installed: pip install -e '.[demo]'")
+
+from cdnpg.demo import (  # noqa: E402  (after the skip: it builds pages with gradio)
+    MAX_PARAPHRASES,
+    build_app,
+    defaults,
+    figure,
+    granularity_of,
+    launch,
+    load_demo,
+    paraphrase_text,
+    words_html,
+    z_table,
+)
+
+SENTENCE = "how can i get from paris to rome by train ?"
+SETTINGS = [  # novelty, keep_details, paraphrases, rank_by
+    (0.0, 0.0, 1, "score"),
+    (0.5, 0.5, 3, "score"),
+    (1.0, 0.0, 2, "score+rewording"),
+]
+SPACE = ROOT / "spaces" / "cdnpg-demo"
+PACKAGES = ("cdnpg", "modeling_cdnpg", "configuration_cdnpg")  # what docs/demo.md copies into a Space
+SCRIPT = ROOT / "scripts" / "demo_screenshot.py"
+SERVER_START_SECONDS = 180  # model load and gradio's start beside other tests on 2 busy cores
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory, tokenizer_dir) -> Path:
+    """The tiny trained resonance paraphraser of conftest's `paraphrasers`, built (once per run, under the same
+    lock and in the same folder, so that the full suite trains it once) without the other kinds."""
+    from cdnpg.data import load_tokenizer
+
+    folder = shared_folder(tmp_path_factory, "paraphrasers")
+    path, done = folder / "resonance", folder / "resonance.done"
+    with FileLock(folder / "resonance.lock"):
+        if not done.exists():
+            tokenizer = load_tokenizer(tokenizer_dir)
+            save_checkpoint(trained_paraphraser(tokenizer, "resonance", copy_mechanism=None), tokenizer, path)
+            done.touch()
+    return path
+
+
+@pytest.fixture(scope="session")
+def calibrated(checkpoint, tmp_path_factory) -> Path:
+    """The checkpoint with decoding defaults and a calibrated z layer in its generation config, as run.py saves a
+    trained model: the page must start at those defaults and colour that layer."""
+    path = Path(shutil.copytree(checkpoint, tmp_path_factory.mktemp("calibrated") / "model"))
+    config = json.loads((path / "generation_config.json").read_text())
+    config |= {"novelty": 0.3, "keep_details": 0.6, "novelty_z_layer": 0, "novelty_z_inverted": True,
+               "_from_model_config": False}  # fmt: skip
+    (path / "generation_config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
+@pytest.fixture(scope="session")
+def demo(calibrated):
+    return load_demo(str(calibrated), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def hub_pipeline(calibrated):
+    """The checkpoint as a user of transformers loads it: `pipeline("text2text-generation", ...)`, its own code."""
+    from transformers import pipeline
+
+    return pipeline("text2text-generation", model=str(calibrated), trust_remote_code=True)
+
+
+def serves(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as page:
+            return page.status == 200
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The functions the page calls
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_the_page_shows_what_the_pipeline_returns(demo, hub_pipeline):
+    for novelty, keep, count, rank_by in SETTINGS:
+        shown = paraphrase_text(demo, SENTENCE, novelty, keep, count, rank_by)
+        expected = hub_pipeline(
+            SENTENCE, novelty=novelty, keep_details=keep, num_return_sequences=count, rank_by=rank_by
+        )
+        assert shown.error is None and shown.candidates == expected, (novelty, keep, count, rank_by)
+        assert all("score" in candidate for candidate in shown.candidates)  # each with its score, best first
+        scores = [candidate["score"] for candidate in shown.candidates]
+        assert scores == sorted(scores, reverse=True) and len(scores) >= 1
+    if demo.similarity_model is not None:  # a ranking by meaning: the page's embedder is the pipeline's similarity=
+        from cdnpg.ranking import SentenceSimilarity
+
+        shown = paraphrase_text(demo, SENTENCE, 0.5, 0.0, 2, "score+similarity")
+        similarity = SentenceSimilarity.from_pretrained(demo.similarity_model)
+        expected = hub_pipeline(SENTENCE, novelty=0.5, keep_details=0.0, num_return_sequences=2,
+                                rank_by="score+similarity", similarity=similarity)  # fmt: skip
+        assert shown.candidates == expected and all("similarity" in candidate for candidate in expected)
+
+
+def test_the_controls_start_at_the_checkpoints_own_defaults(demo, checkpoint):
+    from cdnpg.commands import load_model
+
+    assert demo.defaults["novelty"] == 0.3 and demo.defaults["keep_details"] == 0.6  # the generation config's
+    plain, _ = load_model(str(checkpoint), "cpu")
+    start, offered = defaults(plain)
+    assert (start["novelty"], start["keep_details"], start["rank_by"]) == (0.0, 0.0, "score")
+    assert "score" in offered and start["rank_by"] in offered
+    plain.generation_config.rank_by = {"score": 1.0, "rewording": 2.0}
+    start, offered = defaults(plain)
+    assert start["rank_by"] == "score=1,rewording=2" == offered[0]  # the checkpoint's own ranking is offered
+    app = build_app(demo)
+    values = {block.elem_id: getattr(block, "value", None) for block in app.blocks.values()}
+    assert values["novelty"] == 0.3 and values["keep"] == 0.6 and values["rank_by"] == demo.defaults["rank_by"]
+
+
+def test_the_words_carry_the_z_of_cdnpg_granularity(demo, calibrated, capsys):
+    from cdnpg.figures import png_size
+    from cdnpg.granularity import word_granularities
+
+    shown = granularity_of(demo, SENTENCE)
+    expected = word_granularities(demo.model, demo.tokenizer, SENTENCE)
+    assert shown.error is None and shown.rows == expected  # every encoder layer, as the command computes them
+    assert shown.layer == 0 and "calibrated" in shown.caption and "1 − z" in shown.caption  # the calibrated layer
+    coloured = re.findall(r'data-z="([0-9.]+)"[^>]*>([^<]*)</span>', words_html(shown))
+    assert [word for _, word in coloured] == expected[0].words
+    assert [float(z) for z, _ in coloured] == [round(z, 4) for z in expected[0].z]
+    assert z_table(shown) == [[word, *(round(row.z[i], 4) for row in expected)] for i, word in enumerate(expected[0].words)]  # fmt: skip
+    assert figure(shown).size == png_size(expected)  # the figure code's own heat map of every layer
+    # `cdnpg granularity --show` prints the same values
+    assert main(["granularity", "--model", str(calibrated), "--device", "cpu", SENTENCE, "--show"]) == 0
+    printed = capsys.readouterr().out
+    for word, z in zip(expected[0].words, expected[0].z):
+        assert re.search(rf"{re.escape(word)}\s+{z:.2f}", printed), word
+    # a checkpoint without calibration: the top layer
+    uncalibrated = demo.model.generation_config
+    layer, caption = uncalibrated.novelty_z_layer, None
+    try:
+        del uncalibrated.novelty_z_layer
+        top = granularity_of(demo, SENTENCE)
+        layer_shown, caption = top.layer, top.caption
+    finally:
+        uncalibrated.novelty_z_layer = layer
+    assert layer_shown == demo.model.config.encoder_layers - 1 and "not calibrated" in caption
+
+
+def test_bad_input_is_one_line_on_the_page_not_an_error(demo):
+    limit = demo.model.config.max_position_embeddings
+    for text, said in [
+        ("", "empty"),
+        ("   \n ", "empty"),
+        ("日本 ☃ ∰", "unknown to the tokenizer"),
+    ]:
+        found = paraphrase_text(demo, text, 0.5, 0.5, 2, "score")
+        assert found.candidates == [] and said in found.error and "\n" not in found.error, text
+        assert said in granularity_of(demo, text).error
+        assert (
+            "cdnpg-word" not in words_html(granularity_of(demo, text)) and figure(granularity_of(demo, text)) is None
+        )
+    for values, said in [
+        ((1.5, 0.0, 1, "score"), "Novelty must be a number from 0 to 1"),
+        ((-0.1, 0.0, 1, "score"), "Novelty must be"),
+        ((math.nan, 0.0, 1, "score"), "Novelty must be"),
+        ((0.0, 2, 1, "score"), "Keep details must be"),
+        ((0.0, 0.0, 0, "score"), f"from 1 to {MAX_PARAPHRASES}"),
+        ((0.0, 0.0, MAX_PARAPHRASES + 1, "score"), f"from 1 to {MAX_PARAPHRASES}"),
+        ((0.0, 0.0, 1.5, "score"), "whole number"),
+        ((0.0, 0.0, 1, "bogus"), "not one this page offers"),
+    ]:
+        found = paraphrase_text(demo, SENTENCE, *values)
+        assert found.candidates == [] and said in found.error, values
+    refused = demo.model.generation_config
+    refused.num_candidates = 0  # a checkpoint whose defaults the pipeline refuses: its message, as a line
+    try:
+        found = paraphrase_text(demo, SENTENCE, 0.5, 0.5, 2, "score")
+    finally:
+        del refused.num_candidates
+    assert found.candidates == [] and found.error.startswith("The pipeline refused these settings: ")
+    assert "generation_config.num_candidates" in found.error and "\n" not in found.error
+    long = " ".join([SENTENCE] * 200)  # 2,000 words
+    tokens = len(demo.tokenizer(long, verbose=False)["input_ids"])
+    found = paraphrase_text(demo, long, 0.5, 0.5, 2, "score")
+    assert found.error is None and found.candidates, "a long input is truncated and paraphrased"
+    assert f"{tokens:,} tokens" in found.notes[0] and f"takes {limit:,}" in found.notes[0]
+    shown = granularity_of(demo, long)
+    assert shown.error is None and f"{tokens:,} tokens" in shown.notes[0] and len(shown.rows[0].words) < limit
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The app, served
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_the_app_answers_through_gradio_client_as_the_pipeline_does_also_in_a_burst(demo, hub_pipeline):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    app = build_app(demo)
+    url = launch(app, port=free_port())
+    try:
+        client = Client(url, verbose=False)
+        status, table, output = client.predict(SENTENCE, 0.5, 0.5, 3, "score", api_name="/paraphrase")
+        expected = hub_pipeline(SENTENCE, novelty=0.5, keep_details=0.5, num_return_sequences=3, rank_by="score")
+        assert output == expected and status == ""
+        assert [row[1] for row in table["data"]] == [candidate["generated_text"] for candidate in expected]
+        html, values, image = client.predict(SENTENCE, api_name="/granularity")
+        rows = granularity_of(demo, SENTENCE).rows
+        assert values["data"] == [
+            [word, *(round(row.z[i], 4) for row in rows)] for i, word in enumerate(rows[0].words)
+        ]
+        assert html.count('class="cdnpg-word"') == len(rows[0].words) and Path(image).stat().st_size > 0
+
+        jobs = [client.submit(SENTENCE, 0.5, 0.5, 3, "score", api_name="/paraphrase") for _ in range(20)]
+        answers = [job.result(timeout=120) for job in jobs]
+        assert len(answers) == 20 and all(answer[2] == expected for answer in answers)
+
+        status, table, output = client.predict("  ", 0.5, 0.5, 3, "score", api_name="/paraphrase")
+        assert "empty" in status and output == [] and table["data"] == []
+        status, _, output = client.predict("日本 ☃", 0.5, 0.5, 3, "score", api_name="/paraphrase")
+        assert "unknown to the tokenizer" in status and output == []
+        status, _, output = client.predict(" ".join([SENTENCE] * 200), 0.5, 0.5, 1, "score", api_name="/paraphrase")
+        assert re.search(r"has [\d,]+ tokens and the model takes 64", status) and output
+        html, _, image = client.predict("", api_name="/granularity")
+        assert "empty" in html and image is None
+        for values, said in [((1.5, 0.5, 3, "score"), "greater than maximum"), ((0.5, -1, 3, "score"), "less than"),
+                             ((0.5, 0.5, 99, "score"), "greater than maximum")]:  # fmt: skip
+            with pytest.raises(AppError, match=said):  # the slider's own check: a message, no traceback
+                client.predict(SENTENCE, *values, api_name="/paraphrase")
+        assert client.predict(SENTENCE, 0.5, 0.5, 3, "score", api_name="/paraphrase")[2] == expected  # still serving
+    finally:
+        app.close()
+
+
+def test_cdnpg_demo_says_in_one_line_why_it_cannot_serve(tmp_path, checkpoint, capsys, monkeypatch):
+    import cdnpg.demo
+
+    monkeypatch.setattr(cdnpg.demo, "launch", lambda *args, **kwargs: pytest.fail("a page was started"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    for model in (str(broken), str(tmp_path / "missing")):
+        assert main(["demo", "--model", model]) == 1
+        err = capsys.readouterr().err.strip()
+        errors = [line for line in err.splitlines() if line.startswith("cdnpg: error:")]
+        assert len(errors) == 1 and errors[0].startswith("cdnpg: error: --model") and "Traceback" not in err, err
+    monkeypatch.setitem(sys.modules, "gradio", None)  # as where it is not installed
+    assert main(["--help"]) == 0  # the command line itself needs no gradio
+    capsys.readouterr()
+    assert main(["demo", "--model", str(checkpoint)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "cdnpg: error: the demo needs gradio, which is not installed: pip install 'cdnpg[demo]' (pip install -e "
+        "'.[demo]' in a checkout)"
+    )
+    assert main(["demo", "--model", str(checkpoint), "--port", "70000"]) == 2
+
+
+def load_script(path: Path = SCRIPT, name: str = "demo_screenshot"):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cdnpg_demo_serves_the_page_in_a_browser(calibrated, hub_pipeline, tmp_path):
+    """`cdnpg demo` as a user starts it; Debian's chromium types, clicks and sees the paraphrases, the coloured words
+    and the figure (the screenshot is saved to tmp_path; docs/demo.png is made by scripts/demo_screenshot.py)."""
+    script = load_script()
+    with script.serve(str(calibrated), port=free_port()) as url:
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(url, timeout=30) as page:
+            assert page.status == 200 and "C-DNPG" in page.read().decode()
+        if script.chromium() is None:
+            pytest.skip("no chromium: scripts/test.sh installs it with apt-get (Debian, as root)")
+        pytest.importorskip("playwright", reason="playwright is not installed: pip install -e '.[test]'")
+        shown = script.use_page(url, SENTENCE, tmp_path / "demo.png")
+    expected = hub_pipeline(SENTENCE, novelty=0.3, keep_details=0.6, num_return_sequences=3, rank_by="score")
+    for candidate in expected:  # the page starts at the checkpoint's defaults
+        assert candidate["generated_text"] in shown["paraphrases"]
+    demo = load_demo(str(calibrated), device="cpu")
+    row = granularity_of(demo, SENTENCE).rows[0]  # the calibrated layer
+    assert shown["words"] == [(word, round(z, 4)) for word, z in zip(row.words, row.z)]
+    assert shown["figure"] and (tmp_path / "demo.png").stat().st_size > 10_000
+
+
+def test_the_space_runs_from_a_copied_folder(calibrated, tmp_path):
+    """The Space folder and the packages docs/demo.md copies beside it: app.py reads the model from CDNPG_MODEL and
+    serves the page; without the variable it says so in one line."""
+    space = Path(shutil.copytree(SPACE, tmp_path / "space"))
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, space / package, ignore=shutil.ignore_patterns("__pycache__"))
+    header = (space / "README.md").read_text().split("---")[1]
+    assert re.search(r"^sdk: gradio$", header, re.M) and re.search(r"^app_file: app.py$", header, re.M)
+    assert re.search(rf"^sdk_version: {re.escape(gradio.__version__)}$", header, re.M)  # the tested gradio
+    environment = {key: value for key, value in os.environ.items() if key not in ("CDNPG_MODEL", "PYTHONPATH")}
+    missing = subprocess.run([sys.executable, "app.py"], cwd=space, env=environment, capture_output=True, text=True)
+    assert missing.returncode == 1 and "CDNPG_MODEL" in missing.stderr.strip().splitlines()[-1]
+    port = free_port()
+    environment |= {"CDNPG_MODEL": str(calibrated), "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+                    "GRADIO_ANALYTICS_ENABLED": "False"}  # fmt: skip
+    code = "import cdnpg, configuration_cdnpg, modeling_cdnpg; print(cdnpg.__file__, modeling_cdnpg.__file__)"
+    where = subprocess.run([sys.executable, "-c", code], cwd=space, env=environment, capture_output=True, text=True)
+    assert all(Path(path).is_relative_to(space) for path in where.stdout.split()), where  # the copies, as on a Space
+    server = subprocess.Popen([sys.executable, "app.py"], cwd=space, env=environment, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        from gradio_client import Client
+
+        deadline = time.monotonic() + SERVER_START_SECONDS
+        while not serves(f"http://127.0.0.1:{port}/"):
+            assert server.poll() is None, f"app.py exited with {server.returncode}"
+            assert time.monotonic() < deadline, f"app.py serves nothing after {SERVER_START_SECONDS} s"
+            time.sleep(0.5)
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        assert client.predict(SENTENCE, 0.5, 0.5, 2, "score", api_name="/paraphrase")[2]
+    finally:
+        server.kill()
+        _, err = server.communicate()
+    assert "Traceback" not in err, err[-2000:]
+
+
+def test_the_benchmark_times_the_app_and_the_pipeline_on_the_same_answers(calibrated, tmp_path):
+    """benchmarks/demo.py --quick: one start of `cdnpg demo`, two rounds; it stops if a way answers other paraphrases
+    than the pipeline. No timing is asserted (docs/demo.md gives the full run's)."""
+    benchmark = load_script(ROOT / "benchmarks" / "demo.py", "demo_benchmark")
+    import torch
+
+    threads, torch_threads = os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()  # main() sets both
+    try:
+        results = benchmark.main([str(calibrated), "--quick", "--out", str(tmp_path / "demo.json")])
+    finally:
+        torch.set_num_threads(torch_threads)
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
+    assert json.loads((tmp_path / "demo.json").read_text()) == json.loads(json.dumps(results))
+    assert set(results["ratio_to_pipeline"]) == {"app (gradio_client)", "app (HTTP API)"}
+    assert all(value > 0 for value in results["seconds_per_request"].values()) and results["first_page_seconds"] > 0
