@@ -489,6 +489,14 @@ def test_two_runs_started_together_into_one_folder_leave_one_run_and_refuse_the_
     )
 
 
+def test_an_output_dir_whose_lock_cannot_be_written_is_one_line_naming_the_lock():
+    from cdnpg.training.output_dir import output_dir_lock
+
+    with pytest.raises(UsageError) as error, output_dir_lock("/proc/cdnpg/out"):  # /proc takes no new folder
+        pass
+    assert str(error.value).startswith("--output_dir /proc/cdnpg/out: cannot write its lock /proc/cdnpg/.out.lock: ")
+
+
 def test_a_lock_held_by_a_process_killed_with_kill_9_does_not_block_the_next_run(tmp_path):
     from cdnpg.training.output_dir import output_dir_lock
 

@@ -141,15 +141,17 @@ def output_dir_lock(output_dir: str | os.PathLike, command: Sequence[str] = ()) 
             T: COMMAND) ...".
     """
     lock_path, note_path = lock_files(output_dir)
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(lock_path, timeout=0)
     try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
         lock.acquire()
-    except Timeout:
+    except Timeout:  # an OSError too: first
         raise UsageError(
             f"--output_dir {output_dir} is in use by another run ({lock_holder(output_dir)}): wait until it ends, or "
             "choose another --output_dir"
         ) from None
+    except OSError as error:  # a read-only or full filesystem
+        raise UsageError(f"--output_dir {output_dir}: cannot write its lock {lock_path}: {error.strerror}") from None
     try:
         since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         note = {"pid": os.getpid(), "host": socket.gethostname(), "since": since, "command": shlex.join(command)}
