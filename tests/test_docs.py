@@ -175,7 +175,9 @@ def shell_script(snippet: Snippet) -> tuple[str, set[str]]:
 # A path outside the repository: `../` that leaves it (a markdown link resolves from its page, anything else from the
 # repository root, where commands run), or an absolute or home path, unless it is a system path every machine has.
 PARENT_PATH = re.compile(r"(?<![\w.])(?:\.\./)+[\w.-][\w./-]*")
-ABSOLUTE_PATH = re.compile(r"(?<![^\s`(\[\"'=])~?/[\w.-][\w./-]*")  # starts a token: not a URL's, not `a/b`'s
+# starts a token (not a URL's, not `a/b`'s): a home path, or an absolute one of a folder and a name (`/paraphrase`
+# alone is a web API's name, as Gradio's)
+ABSOLUTE_PATH = re.compile(r"(?<![^\s`(\[\"'=])(?:~/[\w.-][\w./-]*|/[\w.-]+/[\w./-]*)")
 SYSTEM_PATHS = ("/usr/", "/proc/", "/dev/", "/etc/")
 LINK_TARGET = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 
@@ -278,6 +280,7 @@ def test_the_outside_path_rule_on_a_page_that_breaks_it_and_one_that_does_not(tm
         "```bash\nhead -n 5 ../shared/data/quora/valid.jsonl > valid.jsonl\ncat ../README.md\n```\n"  # from the root
         "Paths that start with `./`, `../`, `/` or `~` are local; `cp data/a.jsonl runs/*/b.json`, 1/2, and/or.\n"
         "WordNet from `/usr/share/wordnet`, `/proc/cpuinfo`; [Quora](https://qim.fs.quoracdn.net/q.tsv).\n"
+        'The page API: `/paraphrase`, client.predict(..., api_name="/paraphrase").\n'
         '--train_file /home/me/train.jsonl --output_dir ~/runs/x ("/mnt/data")\n'
     )
     assert [problem.split(": ", 1)[1] for problem in outside_paths(page, root=tmp_path)] == [
