@@ -538,3 +538,10 @@ def test_a_small_file_is_read_without_a_progress_bar(tmp_path, capfd):
     load_pair_files({"train": str(pairs)})
     prepare_quora(quora_file(tmp_path / "quora.tsv", duplicates=20), train_size=None, valid_size=2, test_size=2)
     assert "reading" not in capfd.readouterr().err
+
+
+def test_a_run_ends_with_a_line_naming_the_demo_command_for_its_model(tmp_path, capsys):
+    output = tmp_path / "out"
+    main(["--output_dir", str(output), *TINY, "--max_steps", "1", "--do_train", "--save_strategy", "no"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"Try the model on a page: cdnpg demo --model {output} (pip install -e '.[demo]' first)"

@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         if training_args.push_to_hub:
             with model_kept_on_failure(output_dir, "the push to the Hub"):
                 trainer.push_to_hub(commit_message="C-DNPG checkpoint")
-    logger.info("Try the model on a page: cdnpg demo --model %s (needs pip install -e '.[demo]')", output_dir)
+    if training_args.process_index == 0:  # the last line, after the metrics the Trainer prints
+        print(f"Try the model on a page: cdnpg demo --model {output_dir} (pip install -e '.[demo]' first)")
     return metrics
 
 
