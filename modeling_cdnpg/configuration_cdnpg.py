@@ -9,8 +9,7 @@ from transformers import PretrainedConfig
 GRANULARITY_MASKS = ("resonance", "scope", "product", "mean", "none")
 GRANULARITY_MASK_MODES = ("log_bias", "multiply")
 COPY_MECHANISMS = (None, "learned", "granularity")
-# The text2text-generation pipeline shipped with the model code (pipeline_cdnpg.py): transformers 5.x has none, and
-# `pipeline("text2text-generation", model=..., trust_remote_code=True)` looks it up in the saved config.
+# pipeline_cdnpg.py, which `pipeline("text2text-generation", ...)` finds in the saved config (5.x has none built in)
 TEXT2TEXT_PIPELINE = {
     "text2text-generation": {
         "impl": "pipeline_cdnpg.CDNPGText2TextPipeline",

@@ -169,8 +169,7 @@ def paraphrasing_defaults(generation_config: GenerationConfig, *also: str) -> di
     """The checkpoint's own paraphrasing (and the settings `also`), as its generation config sets `CONFIGURED`: the
     pipeline and `cdnpg paraphrase` called without them and run.py's predictions decode with it through `paraphrase()`
     (without, by `generate()`), and the model card names it."""
-    names = (*CONFIGURED, *also)
-    return {name: value for name in names if (value := getattr(generation_config, name, None)) is not None}
+    return {name: v for name in (*CONFIGURED, *also) if (v := getattr(generation_config, name, None)) is not None}
 
 
 SETTINGS = tuple(each.name for each in fields(ParaphraseSettings) if each.init and each.name != "configured")
