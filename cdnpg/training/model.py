@@ -31,7 +31,7 @@ def build_config(args: ModelArguments, tokenizer: PreTrainedTokenizerBase, **fie
 def load_checkpoint(name_or_path: str) -> CDNPGForConditionalGeneration:
     """The C-DNPG checkpoint to fine-tune or evaluate. One that does not load (weights truncated or corrupt, a
     config it cannot read) is a `UsageError` naming the flag and transformers' reason in one line, as `cdnpg`'s
-    `--model` reports it (`cdnpg.commands.load_model`)."""
+    `--model` reports it (`cdnpg.inference.load_model`)."""
     try:
         return CDNPGForConditionalGeneration.from_pretrained(name_or_path)
     except (OSError, ValueError) as error:

@@ -8,8 +8,8 @@ settings as a variable. The `cdnpg`, `modeling_cdnpg` and `configuration_cdnpg` 
 import os
 import sys
 
-from cdnpg.commands import CLIError
 from cdnpg.demo import build_app, load_demo
+from cdnpg.errors import InputError
 
 MODEL = os.environ.get("CDNPG_MODEL", "").strip()
 if not MODEL:
@@ -18,7 +18,7 @@ try:
     # the checkpoint's own model code is this package's (imported above); remote code covers a checkpoint saved by
     # another version of it
     demo = build_app(load_demo(MODEL, device=os.environ.get("CDNPG_DEVICE", "auto"), trust_remote_code=True))
-except CLIError as err:
+except InputError as err:
     sys.exit(f"app.py: {err}")
 
 if __name__ == "__main__":
