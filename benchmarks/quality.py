@@ -6,9 +6,10 @@
         --learning_rate 1e-3 --warmup_steps 120 --evaluations 4 --max_test_samples 1000 --output_dir runs/quality
     python benchmarks/quality.py --quick --output_dir /tmp/quality  # tiny model, template corpus: the smoke test
 
-Every model is trained, selected by validation loss, decoded and scored by `training/run.py`'s pipeline with one
-recipe, data and tokenizer (C-DNPG in a run.py subprocess; BART and bert2bert in this process, only the model
-differs) and appends one JSON line to `OUTPUT_DIR/runs.jsonl`; report.py prints the table. Protocol: docs/benchmarks.md.
+Every model is trained, selected by validation loss, decoded and scored by `training/run.py`, one run.py process per
+model (the baselines with `--architecture bart` / `bert2bert`: only the model differs), with one recipe, data and
+tokenizer, and appends one JSON line to `OUTPUT_DIR/runs.jsonl`; report.py prints the table. Protocol:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -126,8 +127,9 @@ def model_name(mask: str, args: argparse.Namespace) -> str:
 
 def run_argv(name: str, args: argparse.Namespace, files: dict, tokenizer: Path, seed: int, out: Path) -> list[str]:
     """The `training/run.py` flags of one model: the recipe every model shares (data, sizes, optimiser, schedule,
-    selection, decoding), C-DNPG's copy gate and both directions; the warm-started models and bert2bert take the
-    checkpoint's own sizes and tokenizer, and the warm learning rate."""
+    selection, decoding), the model (C-DNPG's mask, or the baseline's `--architecture`), C-DNPG's copy gate and both
+    directions; the warm-started models and bert2bert take the checkpoint's own sizes and tokenizer, and the warm
+    learning rate (bert2bert its dropout too)."""
     # whole steps: the Trainer reads a float eval_steps below 1 as a share of training, but 1.0 as "every step"
     every = str(-(-args.max_steps // args.evaluations))
     argv = [
@@ -142,6 +144,12 @@ def run_argv(name: str, args: argparse.Namespace, files: dict, tokenizer: Path, 
     if args.bf16:  # the Trainer asks for use_cpu before it autocasts a CPU to bfloat16
         argv += ["--bf16", "true", *([] if torch.cuda.is_available() else ["--use_cpu", "true"])]
     given = {key: getattr(args, key) for key in RUN_FLAGS if getattr(args, key) is not None}
+    if name in (BART, BERT2BERT):
+        argv += ["--architecture", name]
+    else:
+        argv += ["--granularity_mask", name.removeprefix(WARM).split("+")[0]]
+    if name == BERT2BERT:  # the checkpoint's dropout
+        given.pop("dropout", None)
     if name.startswith(WARM) or name == BERT2BERT:
         given = {key: value for key, value in given.items() if key not in (*SIZE_FLAGS, "learning_rate")}
         argv += ["--init_from", args.init_from, "--learning_rate", str(args.warm_learning_rate)]
@@ -155,25 +163,14 @@ def run_argv(name: str, args: argparse.Namespace, files: dict, tokenizer: Path, 
     return argv
 
 
-def train(name: str, argv: list[str], log_path: Path, threads: int | None, metric) -> dict[str, float]:
-    """One model's run, run.py's all_results: BART and bert2bert in this process by run.py's own functions, C-DNPG by
-    `training/run.py` in a subprocess (memory is returned between models)."""
-    if name in (BART, BERT2BERT):
-        model_args, data_args, training_args = training.parse_args(argv)
-        transformers.set_seed(training_args.seed)
-        corpus, tokenizer, features = training.prepare_data(model_args, data_args, training_args)
-        if name == BART:
-            model = training.bart_like(training.build_config(model_args, tokenizer))
-        else:
-            model = training.bert2bert(model_args.init_from, tokenizer)
-        trainer = training.make_trainer(model, tokenizer, features, training_args, data_args.max_target_length)
-        return training.train_and_score(trainer, corpus, features, metric, data_args.max_target_length)
+def train(name: str, argv: list[str], log_path: Path, threads: int | None) -> dict[str, float]:
+    """One model's run, `training/run.py` in a process of its own (memory is returned between models): its
+    all_results."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONUNBUFFERED"] = "1"  # the log shows the losses as they come
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    mask = name.removeprefix(WARM).split("+")[0]
-    command = [sys.executable, str(ROOT / "training" / "run.py"), "--granularity_mask", mask, *argv]
+    command = [sys.executable, str(ROOT / "training" / "run.py"), *argv]
     with log_path.open("w", encoding="utf-8") as log:
         completed = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
     if completed.returncode != 0:
@@ -240,10 +237,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for seed in args.seeds:
         for name in [*warm, *(model_name(mask, args) for mask in args.variants), *([] if args.no_bart else [BART])]:
             run_dir = out_dir / f"{name}-seed{seed}"
-            run_dir.mkdir(parents=True, exist_ok=True)
             argv = run_argv(name, args, files, tokenizer_dir, seed, run_dir)
             tic = time.perf_counter()
-            raw = train(name, argv, out_dir / f"{name}-seed{seed}.log", args.threads, metric)
+            raw = train(name, argv, out_dir / f"{name}-seed{seed}.log", args.threads)
             wall_s = time.perf_counter() - tic
             state = json.loads((run_dir / "trainer_state.json").read_text())
             steps, runtime = state.get("global_step"), raw.get("train_runtime")

@@ -170,7 +170,8 @@ def card_data(
     model_name: str, metrics: Mapping[str, float] | None = None, dataset: str | None = None
 ) -> ModelCardData:
     """The Hub's YAML header: license, library, pipeline tag, tags, datasets, metrics and the evaluation results,
-    which `ModelCardData` turns into a valid model-index."""
+    which `ModelCardData` turns into a valid model-index. `dataset`: the Hub dataset the model was trained on, the
+    only kind the header names (a local file's name would link to a Hub dataset that does not exist)."""
     results = [
         EvalResult(
             task_type="text2text-generation",
@@ -205,10 +206,13 @@ def render_model_card(
     training_summary: str | None = None,
     max_length: int = 20,
     warm_start: str | None = None,
+    demo_corpus: bool = False,
 ) -> str:
-    """The model card (README.md): `model_card.md` filled from the config and the evaluation results. `warm_start`
-    names the pretrained checkpoint the model was converted from (`cdnpg convert`, `--init_from`), if any. A model of
-    the synthetic template corpus (`dataset` "template") says in its first lines that it is a demo, not for use."""
+    """The model card (README.md): `model_card.md` filled from the config and the evaluation results. `dataset`: the
+    Hub dataset the model was trained on, if it was (`card_data`); local data is the `training_summary`'s to
+    describe. `warm_start` names the pretrained checkpoint the model was converted from (`cdnpg convert`,
+    `--init_from`), if any. A model of the synthetic template corpus (`demo_corpus`) says in its first lines that it
+    is a demo, not for use."""
     import transformers
 
     config = model.config
@@ -249,7 +253,7 @@ def render_model_card(
         training_summary=training_summary,
         max_length=max_length,
         warm_start=warm_start,
-        demo_corpus=dataset == "template",
+        demo_corpus=demo_corpus,
         default_decoding=default_decoding,
         tested_transformers=" and ".join(TESTED_TRANSFORMERS),
         # the card is written with the weights: save_pretrained records the installed release in config.json (a

@@ -601,7 +601,7 @@ def test_the_drop_near_copies_flag_filters_the_training_split_only_before_both_d
     train.write_text("".join(json.dumps({"source": s, "target": t}) + "\n" for s, t in rows))
     other.write_text(train.read_text())
     flags = ["--output_dir", "unused", "--do_train", "--train_file", str(train), "--validation_file", str(other)]
-    corpus = load_pairs(parse_args([*flags, "--drop_near_copies", "90", "--both_directions", "True"])[1])
+    corpus, _ = load_pairs(parse_args([*flags, "--drop_near_copies", "90", "--both_directions", "True"])[1])
     assert list(zip(corpus["train"]["source"], corpus["train"]["target"])) == [rows[1], rows[1][::-1]]
     assert len(corpus["validation"]) == 2  # evaluation data is never filtered
     with pytest.raises(UsageError, match=r"--drop_near_copies 5\.0 leaves no training pair"):
@@ -615,8 +615,8 @@ def test_the_both_directions_flag_doubles_the_training_split_only():
     from cdnpg.training import load_pairs, parse_args
 
     flags = ["--output_dir", "unused", "--do_train", "--template_sizes", "64", "8", "8"]
-    plain = load_pairs(parse_args(flags)[1])
-    doubled = load_pairs(parse_args([*flags, "--both_directions", "True"])[1])
+    plain, _ = load_pairs(parse_args(flags)[1])
+    doubled, _ = load_pairs(parse_args([*flags, "--both_directions", "True"])[1])
     assert len(doubled["train"]) == 2 * len(plain["train"])
     assert doubled["train"][len(plain["train"])] == {
         "source": plain["train"][0]["target"],

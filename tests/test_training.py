@@ -211,7 +211,10 @@ def test_the_quora_recipe_trains_from_a_quora_format_file(tmp_path):
     assert config["copy_mechanism"] == "learned"
     predictions = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
     assert len(predictions) == 20 and all(row["source"] == row["source"].lower() for row in predictions)
-    assert "sentence-transformers/all-MiniLM-L6-v2" in (output / "README.md").read_text()
+    card = (output / "README.md").read_text()
+    assert "sentence-transformers/all-MiniLM-L6-v2" in card and "datasets" not in card.split("---")[1]
+    assert "Trained on the local file quora_duplicate_questions.tsv (300 rows, 150 pairs kept), split into 120 " \
+        "train, 10 validation, 20 test pairs" in " ".join(card.split())  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -227,8 +230,38 @@ def test_the_docstring_command_trains_on_the_given_files(documented_run):
     test_sources = [row["source"] for row in rows(test_file)]
     assert [row["source"] for row in rows(output / "predictions.jsonl")] == test_sources
     card = (output / "README.md").read_text()
-    assert "mydata/train.jsonl" in card and "64 train" in card
-    assert "template" not in yaml.safe_load(card.split("---")[1])["datasets"]
+    assert "datasets" not in yaml.safe_load(card.split("---")[1])  # local files: no Hub dataset to link to
+    assert "Trained on the local files train.jsonl (64 rows), valid.jsonl (8 rows), test.jsonl (48 rows), split " \
+        "into 64 train, 8 validation, 48 test pairs;" in " ".join(card.split())  # fmt: skip
+    assert "mydata" not in card  # a folder on the user's machine says nothing to the card's readers
+
+
+def test_a_run_on_a_hub_dataset_names_it_in_the_cards_datasets(tmp_path, monkeypatch):
+    """The one kind of data the card's `datasets:` metadata names: a Hub dataset the run loaded (the download
+    replaced by the template corpus under that name); a local folder given to --dataset_name is described in the
+    text instead."""
+    import datasets
+
+    loaded = []
+
+    def load_dataset(name):
+        loaded.append(name)
+        return template_corpus(num_train=64, num_valid=8, num_test=8, seed=1)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    at = TINY.index("--template_sizes")
+    flags = [*TINY[:at], *TINY[at + 4 :], "--max_steps", "1", "--do_train", "--save_strategy", "no"]
+    for name, listed in (("someone/quora-pairs", True), (str(tmp_path / "pairs"), False)):
+        (tmp_path / "pairs").mkdir(exist_ok=True)
+        output = tmp_path / f"out-{listed}"
+        main(["--dataset_name", name, "--output_dir", str(output), *flags])
+        text = (output / "README.md").read_text()
+        header, card = yaml.safe_load(text.split("---")[1]), " ".join(text.split())
+        if listed:
+            assert header["datasets"] == [name] and "Trained on the Hub dataset someone/quora-pairs, split" in card
+        else:
+            assert "datasets" not in header and "Trained on the local dataset pairs, split into 64 train" in card
+    assert loaded == ["someone/quora-pairs", str(tmp_path / "pairs")]
 
 
 @pytest.mark.slow
@@ -398,6 +431,66 @@ def test_a_checkpoint_without_optimizer_state_is_refused_for_resuming_with_the_r
               "--resume_from_checkpoint", str(checkpoint)])  # fmt: skip
 
 
+def killed_while_saving(documented_run, tmp_path, complete: bool) -> tuple[list[str], Path]:
+    """The documented run's folder as `kill -9` leaves it while the Trainer writes checkpoint-6: its tokenizer,
+    checkpoint-4 (when `complete`) and checkpoint-6 without the trainer_state.json written last; the documented
+    command into it."""
+    straight_argv, straight, _ = documented_run
+    output = tmp_path / "out"
+    shutil.copytree(straight / "tokenizer", output / "tokenizer")
+    if complete:
+        shutil.copytree(straight / "checkpoint-4", output / "checkpoint-4")
+    shutil.copytree(
+        straight / "checkpoint-6", output / "checkpoint-6", ignore=shutil.ignore_patterns("trainer_state*")
+    )
+    return [*straight_argv, "--output_dir", str(output)], output
+
+
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
+def test_after_a_kill_while_saving_every_advice_names_the_last_complete_checkpoint_and_true_resumes_from_it(
+    documented_run, tmp_path
+):
+    """The rerun is refused naming the checkpoint that resumes (not the half-written one); the half-written one, given,
+    is refused naming it too; `--resume_from_checkpoint true`, the Trainer's "the last checkpoint", resumes from it
+    and ends with the weights of the run that was never stopped."""
+    argv, output = killed_while_saving(documented_run, tmp_path, complete=True)
+    last = output / "checkpoint-4"
+    assert error_line(argv) == (
+        f"--output_dir {output} is not empty (checkpoint-4, checkpoint-6, tokenizer): --resume_from_checkpoint "
+        f"{last} continues it from its last complete checkpoint, --overwrite_output_dir true replaces it (its files "
+        "are removed); or choose another --output_dir"
+    )
+    assert error_line([*argv, "--resume_from_checkpoint", str(output / "checkpoint-6")]) == (
+        f"--resume_from_checkpoint {output / 'checkpoint-6'}: not a complete Trainer checkpoint (no "
+        "trainer_state.json, written last: a run stopped while saving it); the last complete one is "
+        f"{last}: give --resume_from_checkpoint {last}"
+    )
+    main([*argv, "--resume_from_checkpoint", "true"])
+    expected, resumed = load_file(documented_run[1] / "model.safetensors"), load_file(output / "model.safetensors")
+    for name in expected:
+        torch.testing.assert_close(resumed[name], expected[name], atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.slow
+@ON_DOCUMENTED_RUN
+def test_after_a_kill_while_saving_the_first_checkpoint_every_advice_is_to_overwrite(documented_run, tmp_path):
+    argv, output = killed_while_saving(documented_run, tmp_path, complete=False)
+    assert error_line(argv) == (
+        f"--output_dir {output} is not empty (checkpoint-6, tokenizer): it holds no checkpoint to resume from; "
+        "--overwrite_output_dir true replaces it (its files are removed); or choose another --output_dir"
+    )
+    assert error_line([*argv, "--resume_from_checkpoint", "true"]) == (
+        f"--resume_from_checkpoint true: {output} holds no complete checkpoint to resume (none with "
+        "trainer_state.json): run again with --overwrite_output_dir true to replace what is there"
+    )
+    assert error_line([*argv, "--resume_from_checkpoint", str(output / "checkpoint-6")]).endswith(
+        f"; {output} holds no complete one: run again with --overwrite_output_dir true"
+    )
+    main([*argv, "--overwrite_output_dir", "true", "--max_steps", "2", "--do_predict", "false"])
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 2
+
+
 def test_every_shipped_recipe_saves_checkpoints_that_can_resume():
     for recipe in sorted((ROOT / "training" / "configs").glob("*.yaml")):
         assert not yaml.safe_load(recipe.read_text()).get("save_only_model"), recipe.name
@@ -420,24 +513,71 @@ def test_the_checkpoint_named_after_ctrl_c_is_the_last_one_the_trainer_finished_
 
 
 @pytest.mark.parametrize(
-    "broken, step",
+    "broken, step, architecture",
     [
-        ("trainer.render_model_card", "writing the model card"),
-        ("scoring.score", "generation and scoring of the test split"),
+        ("trainer.render_model_card", "writing the model card", "cdnpg"),
+        ("scoring.score", "generation and scoring of the test split", "cdnpg"),
+        ("scoring.score", "generation and scoring of the test split", "bart"),  # a baseline: the same main
     ],
 )
-def test_a_failure_after_training_keeps_the_saved_model(tmp_path, monkeypatch, broken, step):
+def test_a_failure_after_training_keeps_the_saved_model(tmp_path, monkeypatch, broken, step, architecture):
     def fail(*args, **kwargs):
         raise FileNotFoundError("simulated failure")
 
     monkeypatch.setattr(f"cdnpg.training.{broken}", fail)
     output = tmp_path / "out"
+    argv = ["--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train", "--do_predict"]
     with pytest.raises(PostTrainingError) as error:
-        main(["--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train", "--do_predict"])
+        main([*argv, "--architecture", architecture])
     assert step in str(error.value) and "simulated failure" in str(error.value) and str(output) in str(error.value)
     model = AutoModelForSeq2SeqLM.from_pretrained(output)
     assert json.loads((output / "train_results.json").read_text())["train_loss"] > 0
-    assert model.config.d_model == 32
+    assert model.config.d_model == 32 and model.config.model_type == architecture
+
+
+def test_a_baseline_is_chosen_by_architecture_and_refused_what_is_not_its_own(tmp_path, monkeypatch):
+    """--architecture names one of the models run.py trains, and a baseline takes no C-DNPG part, no C-DNPG
+    checkpoint and (bert2bert) the checkpoint it is built from; each in one line before any data work. A baseline
+    into a folder another run holds is refused with the line a C-DNPG run gets."""
+    from cdnpg.training.output_dir import output_dir_lock
+    from tests.test_user_traps import no_data_work
+
+    no_data_work(monkeypatch)
+    output = tmp_path / "out"
+    base = ["--do_train", "--output_dir", str(output), *TINY]
+    assert error_line([*base, "--architecture", "t5"]) == (
+        "--architecture must be one of cdnpg, bart, bert2bert, got 't5'"
+    )
+    assert error_line(
+        [*base, "--architecture", "bart", "--granularity_mask", "scope", "--copy_mechanism", "learned"]
+    ) == ("--granularity_mask, --copy_mechanism: of C-DNPG (--architecture cdnpg), not of --architecture bart")
+    assert error_line([*base, "--architecture", "bert2bert"]) == (
+        "--architecture bert2bert needs --init_from, a BERT-family checkpoint"
+    )
+    with output_dir_lock(output, ["training/run.py", "recipe.yaml"]):
+        refusals = {name: error_line([*base, "--architecture", name]) for name in ("cdnpg", "bart")}
+    assert refusals["bart"] == refusals["cdnpg"]
+    assert refusals["bart"].startswith(f"--output_dir {output} is in use by another run (process {os.getpid()} on ")
+    assert not output.exists()
+
+
+def test_a_bart_baseline_run_writes_what_a_cdnpg_run_writes_with_transformers_card(tmp_path, capsys):
+    """The BART baseline runs through main: trained, selected, saved, scored against the test pairs, its metrics
+    files and a card (transformers' own: no C-DNPG claims); its folder is then refused to a rerun as any run's is."""
+    output = tmp_path / "out"
+    argv = ["--architecture", "bart", "--output_dir", str(output), *TINY, "--max_steps", "2", "--do_train",
+            "--do_predict", "--generation_num_beams", "2"]  # fmt: skip
+    metrics = main(argv)
+    assert "Try the model on a page" not in capsys.readouterr().out  # the demo serves C-DNPG models only
+    model = AutoModelForSeq2SeqLM.from_pretrained(output)
+    assert type(model).__name__ == "BartForConditionalGeneration" and model.config.d_model == 32
+    assert {"trainer_state.json", "all_results.json", "train_results.json", "test_results.json", "tokenizer.json",
+            "generation_config.json"} <= {path.name for path in output.iterdir()}  # fmt: skip
+    assert len(rows(output / "predictions.jsonl")) == 16 and metrics["test_bleu4"] == metrics["test_bleu4"]
+    assert_scores_are_those_of_the_predictions(output)
+    card = (output / "README.md").read_text()
+    assert "C-DNPG" not in card and "granularity" not in card and "datasets" not in card.split("---")[1]
+    assert error_line(argv).startswith(f"--output_dir {output} is not empty")
 
 
 def test_the_pushed_model_card_keeps_the_test_scores(tmp_path):

@@ -239,12 +239,12 @@ def test_the_card_of_a_template_corpus_model_says_in_its_first_lines_that_it_is_
     from cdnpg.hub import render_model_card
     from tests.conftest import tiny_model
 
-    demo = render_model_card(tiny_model(), "runs/template", dataset="template")
+    demo = render_model_card(tiny_model(), "runs/template", demo_corpus=True)
     body = demo.split("\n---\n", 1)[1].strip().splitlines()  # after the Hub's YAML header
     assert body[0] == "# template" and body[2].startswith("> **A demo model, not a paraphraser.**")
     assert "synthetic template corpus" in body[2] + body[3] and "do not use them" in " ".join(body[2:6])
     assert "Checking a cdnpg installation" in demo and "Paraphrasing short English sentences" not in demo
-    real = render_model_card(tiny_model(), "someone/model", dataset="data/pairs.jsonl")
+    real = render_model_card(tiny_model(), "someone/model", training_summary="Trained on the local file pairs.jsonl")
     assert "demo model" not in real and "Paraphrasing short English sentences" in real
 
 

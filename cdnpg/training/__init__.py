@@ -2,8 +2,8 @@
 call the same functions.
 
 - `run`: `main`, read top to bottom as transformers' run_translation.py: arguments, logging, the launch and the CPU,
-  the output folder, data, model, Trainer, train, save, evaluate, predict, card, push; `one_line_errors`, the command
-  line's error messages; `train_and_score`, main's stages for a Trainer built elsewhere (the benchmarks' baselines);
+  the output folder, data, model, Trainer, train, save, evaluate, predict, card, push, for C-DNPG and for the
+  baselines (`--architecture`); `one_line_errors`, the command line's error messages;
 - `arguments`: `ModelArguments` (architecture flags default to CDNPGConfig's, the paper's), `DataArguments` (the data
   source is inferred from the data flags), `CDNPGTrainingArguments` (the paper's recipe), `parse_args` (full flag
   names only), `check_arguments` (what the flags must agree on before any data is read);
@@ -29,15 +29,15 @@ from typing import Any
 
 _EXPORTS = {
     "arguments": (
-        "DATASETS", "CDNPGTrainingArguments", "DataArguments", "ModelArguments", "UsageError", "check_arguments",
-        "parse_args",
+        "ARCHITECTURES", "DATASETS", "CDNPGTrainingArguments", "DataArguments", "ModelArguments", "UsageError",
+        "check_arguments", "parse_args",
     ),
     "baselines": ("bart_config_like", "bart_like", "bert2bert"),
     "checks": ("check_bf16_on_cpu", "cpu_threads"),
-    "data": ("data_name", "load_pairs", "prepare_data", "tokenize"),
+    "data": ("describe_data", "hub_dataset", "load_pairs", "prepare_data", "tokenize"),
     "model": ("build_config", "build_model"),
     "output_dir": ("PostTrainingError", "TrainingInterrupted"),
-    "run": ("main", "one_line_errors", "train_and_score"),
+    "run": ("main", "one_line_errors"),
     "scoring": ("METRICS_SCRIPT", "load_metric", "predict", "score", "write_predictions"),
     "trainer": ("CDNPGTrainer", "decoding_config", "make_trainer"),
 }  # fmt: skip

@@ -21,6 +21,8 @@ from configuration_cdnpg import GRANULARITY_MASK_MODES, GRANULARITY_MASKS, CDNPG
 logger = logging.getLogger("cdnpg.training")
 PAPER = CDNPGConfig()  # the defaults shown in --help
 DATASETS = ("template", "files", "quora_raw", "twitter_url_raw", "hub")
+# the models a run trains: C-DNPG, and the baselines of transformers' own that the quality benchmark compares it with
+ARCHITECTURES = ("cdnpg", "bart", "bert2bert")
 SOURCE_FLAGS = {  # the flags that belong to one data source: giving any of them selects it
     "template": ("template_sizes",),
     "files": ("train_file", "validation_file", "test_file"),
@@ -50,6 +52,16 @@ ARCHITECTURE_FLAGS = {
     "dropout": ("dropout", "attention_dropout"),
     "copy_mechanism": ("copy_mechanism",),
 }
+# the flags of C-DNPG's own parts (the granularity heads, the copy gate), which no baseline has
+CDNPG_ONLY_FLAGS = (
+    "granularity_mask",
+    "granularity_mask_mode",
+    "cross_attention_granularity",
+    "scope_epsilon",
+    "copy_mechanism",
+    "copy_common_tokens",
+    "compile_granularity_masks",
+)
 WARM_START_FLAGS = (
     "granularity_mask",
     "granularity_mask_mode",
@@ -76,8 +88,18 @@ def _default(what: str, value: object) -> str:
 
 @dataclass
 class ModelArguments:
-    """The C-DNPG architecture (None: CDNPGConfig's default, the paper's) or an existing checkpoint to fine-tune."""
+    """The C-DNPG architecture (None: CDNPGConfig's default, the paper's) or an existing checkpoint to fine-tune; or
+    a baseline of transformers' own (`architecture`), trained on the same data with the same recipe and scoring."""
 
+    architecture: str = field(
+        default="cdnpg",
+        metadata={
+            "help": f"The model to train, one of {ARCHITECTURES}: 'cdnpg' (C-DNPG, as the flags below say); the "
+            "baselines 'bart' (transformers' BART, new, sized by --d_model --layers --attention_heads --ffn_dim "
+            "--dropout as C-DNPG would be) and 'bert2bert' (transformers' EncoderDecoderModel from --init_from, a "
+            "BERT-family checkpoint, as encoder and decoder)."
+        },
+    )
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "Fine-tune this C-DNPG checkpoint instead of training a new model."}
     )
@@ -156,6 +178,7 @@ class ModelArguments:
     vocab_size: int = field(default=8000, metadata={"help": "Size of the WordPiece vocabulary trained by default."})
 
     def __post_init__(self):
+        self.check_architecture()
         given = [f"--{name}" for name in ARCHITECTURE_FLAGS if getattr(self, name) is not None]
         if self.model_name_or_path and self.init_from:
             raise UsageError(
@@ -181,6 +204,31 @@ class ModelArguments:
                 except FileNotFoundError as error:
                     raise UsageError(f"--{name} {error}") from error
         CDNPGConfig(**self.config_overrides())  # fail now, naming the field, rather than after loading the data
+
+    def check_architecture(self) -> None:
+        """`architecture` is one of `ARCHITECTURES`, and a baseline is given only the flags it has: no C-DNPG
+        checkpoint or C-DNPG part; BART is new (sized by the size flags), bert2bert is built from --init_from."""
+        name = self.architecture
+        if name not in ARCHITECTURES:
+            raise UsageError(f"--architecture must be one of {', '.join(ARCHITECTURES)}, got {name!r}")
+        if name == "cdnpg":
+            return
+        cdnpg_only = [
+            f"--{flag}" for flag in ("model_name_or_path", *CDNPG_ONLY_FLAGS) if getattr(self, flag) is not None
+        ]
+        if cdnpg_only:
+            raise UsageError(
+                f"{', '.join(cdnpg_only)}: of C-DNPG (--architecture cdnpg), not of --architecture {name}"
+            )
+        if name == "bart" and self.init_from:
+            raise UsageError(
+                f"--architecture bart trains a new BART, sized by the size flags; --init_from {self.init_from} "
+                "warm-starts a C-DNPG (--architecture cdnpg)"
+            )
+        if name == "bert2bert" and not self.init_from:
+            raise UsageError("--architecture bert2bert needs --init_from, a BERT-family checkpoint")
+        if name == "bert2bert" and self.dropout is not None:
+            raise UsageError("--dropout: --architecture bert2bert keeps the dropout of --init_from's checkpoint")
 
     def config_overrides(self) -> dict[str, object]:
         """The CDNPGConfig fields the flags set; the others keep the config's defaults."""
@@ -518,6 +566,7 @@ def check_arguments(
 
 
 __all__ = [
+    "ARCHITECTURES",
     "DATASETS",
     "CDNPGTrainingArguments",
     "DataArguments",

@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from cdnpg.data import (
     MissingColumnError,
+    PairDataReport,
     TooFewPairsError,
     both_directions,
     drop_near_copies,
@@ -31,8 +32,10 @@ from cdnpg.training.arguments import (
 logger = logging.getLogger("cdnpg.training")
 
 
-def load_pairs(args: DataArguments) -> datasets.DatasetDict:
-    """Raw (source, target) splits named train / validation / test, from the source the arguments name."""
+def load_pairs(args: DataArguments) -> tuple[datasets.DatasetDict, str]:
+    """Raw (source, target) splits named train / validation / test, from the source the arguments name, and the
+    model card's words for that source (`describe_data`)."""
+    report = None
     if args.dataset == "template":
         train, valid, test = args.template_sizes or TEMPLATE_SIZES
         corpus = template_corpus(num_train=train, num_valid=valid, num_test=test, seed=args.data_seed_split)
@@ -89,7 +92,7 @@ def load_pairs(args: DataArguments) -> datasets.DatasetDict:
         corpus["train"] = kept
     if args.both_directions and "train" in corpus:
         corpus["train"] = both_directions(corpus["train"])
-    return corpus
+    return corpus, describe_data(args, report)
 
 
 def check_not_empty(corpus: datasets.DatasetDict, args: DataArguments) -> None:
@@ -111,13 +114,27 @@ def check_not_empty(corpus: datasets.DatasetDict, args: DataArguments) -> None:
         raise UsageError(f"{named}: no usable pair in the {split} split (an empty file, or no line with both columns)")
 
 
-def data_name(args: DataArguments) -> str:
-    """The training data as the model card names it: the Hub dataset, the file (with its folder), or the template."""
-    path = {"files": args.train_file, "quora_raw": args.quora_file, "twitter_url_raw": args.twitter_train_file}
-    if args.dataset in path:
-        resolved = Path(path[args.dataset]).resolve()
-        return f"{resolved.parent.name}/{resolved.name}"
-    return args.dataset_name if args.dataset == "hub" else args.dataset
+def hub_dataset(args: DataArguments) -> str | None:
+    """The Hub dataset the run loaded (`--dataset_name`), the one the model card's `datasets:` metadata may name; None
+    for local files, a local folder given to --dataset_name and the template corpus, which are no Hub datasets."""
+    local = args.dataset == "hub" and Path(args.dataset_name).expanduser().exists()
+    return args.dataset_name if args.dataset == "hub" and not local else None
+
+
+def describe_data(args: DataArguments, report: PairDataReport | None = None) -> str:
+    """The training data in the model card's words: the Hub dataset by its id; local files by their names (their
+    folders say nothing to the card's readers) with the rows read from each and, where some were not pairs (Quora's
+    non-duplicates, malformed lines), the pairs kept; or cdnpg's template corpus."""
+    if args.dataset == "hub":
+        hub = hub_dataset(args)
+        return f"the Hub dataset {hub}" if hub else f"the local dataset {Path(args.dataset_name).name}"
+    if args.dataset == "template":
+        return "cdnpg's synthetic template corpus"
+    files = []
+    for file in report.files.values() if report else ():
+        kept = f", {file.kept:,} pairs kept" if file.kept != file.records else ""
+        files.append(f"{Path(file.path).name} ({file.records:,} rows{kept})")
+    return f"the local file{'s' if len(files) > 1 else ''} {', '.join(files)}"
 
 
 def tokenize(corpus: datasets.DatasetDict, tokenizer, args: DataArguments) -> datasets.DatasetDict:
@@ -137,14 +154,15 @@ def tokenize(corpus: datasets.DatasetDict, tokenizer, args: DataArguments) -> da
 
 def prepare_data(
     model_args: ModelArguments, data_args: DataArguments, training_args: CDNPGTrainingArguments
-) -> tuple[datasets.DatasetDict, PreTrainedTokenizerBase, datasets.DatasetDict]:
-    """Pairs, tokenizer and features; the main process first, the others reuse its cache and tokenizer.
+) -> tuple[datasets.DatasetDict, str, PreTrainedTokenizerBase, datasets.DatasetDict]:
+    """Pairs, the model card's words for them (`describe_data`), tokenizer and features; the main process first, the
+    others reuse its cache and tokenizer.
 
     The tokenizer is `--tokenizer_name`'s, the fine-tuned checkpoint's, or WordPiece trained on the training split
     and kept in `output_dir/tokenizer`, so that a resumed run keeps its vocabulary.
     """
     with training_args.main_process_first(desc="data preparation"):
-        corpus = load_pairs(data_args)
+        corpus, description = load_pairs(data_args)
         logger.info("Splits: %s", {split: len(rows) for split, rows in corpus.items()})
         for stage, split in (("do_train", "train"), ("do_eval", "validation"), ("do_predict", "test")):
             if getattr(training_args, stage) and split not in corpus:  # a Hub dataset without it, say
@@ -161,4 +179,4 @@ def prepare_data(
         else:
             tokenizer = load_tokenizer(tokenizer_dir)
         features = tokenize(corpus, tokenizer, data_args)
-    return corpus, tokenizer, features
+    return corpus, description, tokenizer, features

@@ -1,5 +1,5 @@
-"""A run's model: the checkpoint to fine-tune, a converted pretrained one (warm start), or a new C-DNPG; and, after
-training, the calibration of z that novelty decoding reads and the save."""
+"""A run's model: the checkpoint to fine-tune, a converted pretrained one (warm start), a new C-DNPG, or a baseline
+(`--architecture bart | bert2bert`); and, after training, the calibration of z that novelty decoding reads and the save."""
 
 import logging
 from collections import Counter
@@ -13,6 +13,7 @@ from cdnpg.calibration import calibrate_granularity
 from cdnpg.convert import convert
 from cdnpg.data import model_token_ids
 from cdnpg.training.arguments import ModelArguments, UsageError
+from cdnpg.training.baselines import bart_like, bert2bert
 from cdnpg.training.trainer import run_decoding_config
 from cdnpg.training.workarounds import fsdp_root_unsharded
 from configuration_cdnpg import CDNPGConfig
@@ -41,10 +42,15 @@ def load_checkpoint(name_or_path: str) -> CDNPGForConditionalGeneration:
 
 def build_model(
     args: ModelArguments, tokenizer: PreTrainedTokenizerBase, train_features: datasets.Dataset | None = None
-) -> CDNPGForConditionalGeneration:
+) -> PreTrainedModel:
     """The checkpoint to fine-tune, the pretrained one converted (warm start), or a new model; a new or converted
     model with `--copy_common_tokens` never copies the training features' most frequent tokens. Any of them builds
-    its masks as `--compile_granularity_masks` says, where given."""
+    its masks as `--compile_granularity_masks` says, where given. `--architecture bart`: a new BART of the sizes a new
+    C-DNPG would have; `bert2bert`: transformers' bert2bert from `--init_from`."""
+    if args.architecture == "bart":
+        return bart_like(build_config(args, tokenizer))
+    if args.architecture == "bert2bert":
+        return bert2bert(args.init_from, tokenizer)
     if args.model_name_or_path:
         model = load_checkpoint(args.model_name_or_path)
     else:

@@ -79,9 +79,44 @@ class TrainingInterrupted(KeyboardInterrupt):
         if last is None:
             message = f"interrupted before the first checkpoint in {folder}: nothing to resume, run again"
         else:
-            command = rerun_command(argv, "--resume_from_checkpoint", last)
-            message = f"interrupted; the last checkpoint is {last}. Resume with: {command}"
+            message = f"interrupted; the last checkpoint is {last}. {continue_from(last, argv)}"
         super().__init__(message)
+
+
+def continue_from(checkpoint: str, argv: Sequence[str]) -> str:
+    """How to go on from a complete checkpoint: the command that resumes from it, or, for one saved without the
+    optimizer and schedule (`save_only_model`), which cannot resume, the flag that starts a new run from its weights."""
+    if resumable(checkpoint):
+        return f"Resume with: {rerun_command(argv, '--resume_from_checkpoint', checkpoint)}"
+    return (
+        f"It holds the model but not the optimizer state (save_only_model): start a new run from its weights with "
+        f"--model_name_or_path {checkpoint} and another --output_dir"
+    )
+
+
+def resumable(checkpoint: str | os.PathLike) -> bool:
+    """The optimizer and schedule state is saved beside the weights: the Trainer can resume from `checkpoint`."""
+    path = Path(checkpoint)
+    return any(path.glob("optimizer*")) and any(path.glob("scheduler*"))
+
+
+def resume_checkpoint(args: CDNPGTrainingArguments) -> str | None:
+    """The checkpoint `--resume_from_checkpoint` names. `true` is the Trainer's own value for the last checkpoint in
+    `output_dir`: the last complete one here (`last_complete_checkpoint`), since a newer one a kill interrupted while it
+    was written cannot be resumed; `false` resumes nothing, as the Trainer reads it."""
+    given = args.resume_from_checkpoint
+    if given is None or given.lower() not in ("true", "false"):
+        return given
+    if given.lower() == "false":
+        return None
+    last = last_complete_checkpoint(Path(args.output_dir))
+    if last is None:
+        raise UsageError(
+            f"--resume_from_checkpoint {given}: {args.output_dir} holds no complete checkpoint to resume (none with "
+            f"{TRAINER_STATE_NAME}): run again with --overwrite_output_dir true to replace what is there"
+        )
+    logger.info("--resume_from_checkpoint %s: resuming from %s, the last complete checkpoint", given, last)
+    return last
 
 
 @contextmanager
@@ -191,9 +226,18 @@ def check_resumable(checkpoint: str) -> None:
     path = Path(checkpoint)
     if not path.is_dir():
         raise UsageError(f"--resume_from_checkpoint {checkpoint}: no such checkpoint folder")
-    if not (path / "trainer_state.json").is_file():
-        raise UsageError(f"--resume_from_checkpoint {checkpoint}: not a Trainer checkpoint (no trainer_state.json)")
-    if not any(path.glob("optimizer*")) or not any(path.glob("scheduler*")):
+    if not (path / TRAINER_STATE_NAME).is_file():
+        last = last_complete_checkpoint(path.parent)
+        instead = (
+            f"the last complete one is {last}: give --resume_from_checkpoint {last}"
+            if last is not None
+            else f"{path.parent} holds no complete one: run again with --overwrite_output_dir true"
+        )
+        raise UsageError(
+            f"--resume_from_checkpoint {checkpoint}: not a complete Trainer checkpoint (no {TRAINER_STATE_NAME}, "
+            f"written last: a run stopped while saving it); {instead}"
+        )
+    if not resumable(path):
         raise UsageError(
             f"--resume_from_checkpoint {checkpoint}: the checkpoint holds the model but not the optimizer and "
             "learning-rate schedule (saved with save_only_model), so resuming would restart warm-up and AdamW from "
@@ -227,10 +271,15 @@ def check_output_dir(
             f"to resume). Run again, replacing it: {rerun_command(argv, '--overwrite_output_dir', 'true')}"
         )
     if entries and not args.overwrite_output_dir and not args.resume_from_checkpoint:
+        listed = f"{', '.join(path.name for path in entries[:4])}{', ...' if len(entries) > 4 else ''}"
+        last = last_complete_checkpoint(folder)
+        if last is not None and resumable(last):
+            resume = f"--resume_from_checkpoint {last} continues it from its last complete checkpoint, "
+        else:
+            resume = "it holds no checkpoint to resume from; "
         raise UsageError(
-            f"--output_dir {folder} is not empty ({', '.join(path.name for path in entries[:4])}"
-            f"{', ...' if len(entries) > 4 else ''}): give --overwrite_output_dir to replace the run there (its "
-            "files are removed), --resume_from_checkpoint to continue it, or another --output_dir"
+            f"--output_dir {folder} is not empty ({listed}): {resume}--overwrite_output_dir true replaces it (its "
+            "files are removed); or choose another --output_dir"
         )
     if entries and args.overwrite_output_dir and not args.resume_from_checkpoint:
         for given in filter(None, inputs):  # the model, tokenizer or data this run reads must survive the clean-up
@@ -261,7 +310,9 @@ def prepared_output_dir(
     tokenizer the stopped run left, and --overwrite_output_dir keeps the earlier run (its files wait in a folder beside
     it) until the new one has saved something. A resumed run removes the earlier results (predictions, metrics, card:
     written anew) when it starts training, and keeps its folder from then on. Only `kill -9` leaves the tokenizer
-    behind: `check_output_dir` then says so and gives the command to run again."""
+    behind: `check_output_dir` then says so and gives the command to run again. `--resume_from_checkpoint true`
+    becomes the checkpoint it names (`resume_checkpoint`)."""
+    args.resume_from_checkpoint = resume_checkpoint(args)
     check_output_dir(args, inputs, argv)
     folder = Path(args.output_dir)
     existed = folder.is_dir()

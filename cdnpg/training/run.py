@@ -16,16 +16,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import datasets
-import evaluate
 import transformers
-from transformers import EarlyStoppingCallback, Seq2SeqTrainer, TrainerCallback, set_seed
+from transformers import EarlyStoppingCallback, TrainerCallback, set_seed
 
 from cdnpg.data import DataFileError
 from cdnpg.hub import checkpoint_name
 from cdnpg.training.arguments import CDNPGTrainingArguments, UsageError, check_arguments, configure_logging, parse_args
 from cdnpg.training.checks import check_bf16_on_cpu, check_distributed_launch, choose_cpu_threads, report_strategy
-from cdnpg.training.data import data_name, prepare_data
+from cdnpg.training.data import hub_dataset, prepare_data
 from cdnpg.training.model import build_model, load_checkpoint, save_trained_model
 from cdnpg.training.output_dir import (
     PostTrainingError,
@@ -42,8 +40,8 @@ logger = logging.getLogger("cdnpg.training")
 
 
 def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, float]:
-    """Train, save, evaluate and score a C-DNPG paraphraser as `argv` (flags, or a JSON / YAML file given first) says;
-    returns every metric. A wrong flag or input raises `UsageError`, Ctrl-C or `kill` `TrainingInterrupted` (naming
+    """Train, save, evaluate and score a C-DNPG paraphraser (or, with `--architecture`, a baseline of transformers'
+    own) as `argv` (flags, or a JSON / YAML file given first) says; returns every metric. A wrong flag or input raises `UsageError`, Ctrl-C or `kill` `TrainingInterrupted` (naming
     the checkpoint to resume from), a failure after the save `PostTrainingError` (naming where the model is)."""
     argv = list(sys.argv[1:] if argv is None else argv)
 
@@ -80,11 +78,13 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         set_seed(training_args.seed)
 
         # Data: pairs, tokenizer (trained on the training split unless given) and features
-        corpus, tokenizer, features = prepare_data(model_args, data_args, training_args)
+        corpus, data, tokenizer, features = prepare_data(model_args, data_args, training_args)
 
         # Model
         model = checkpoint or build_model(model_args, tokenizer, features.get("train"))
-        logger.info("C-DNPG (%s): %s parameters", model.config.granularity_mask, f"{model.num_parameters():,}")
+        cdnpg = model.config.model_type == "cdnpg"
+        name = f"C-DNPG ({model.config.granularity_mask})" if cdnpg else f"{type(model).__name__} (a baseline)"
+        logger.info("%s: %s parameters", name, f"{model.num_parameters():,}")
 
         # Trainer
         if data_args.early_stopping_patience:
@@ -116,9 +116,10 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         with model_kept_on_failure(output_dir, "writing the model card"):
             trainer.write_model_card(
                 metrics={key.removeprefix("test_"): v for key, v in metrics.items() if key.startswith("test_")},
-                dataset=data_name(data_args),
+                dataset=hub_dataset(data_args),
+                demo_corpus=data_args.dataset == "template",
                 training_summary=training_summary(
-                    trainer, data_name(data_args), corpus, metrics, both_directions=data_args.both_directions
+                    trainer, data, corpus, metrics, both_directions=data_args.both_directions
                 ),
                 max_length=data_args.max_source_length,
                 warm_start=checkpoint_name(model_args.init_from) if model_args.init_from else None,
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         if training_args.push_to_hub:
             with model_kept_on_failure(output_dir, "the push to the Hub"):
                 trainer.push_to_hub(commit_message="C-DNPG checkpoint")
-    if training_args.process_index == 0:  # the last line, after the metrics the Trainer prints
+    if training_args.process_index == 0 and cdnpg:  # the last line, after the metrics the Trainer prints
         print(f"Try the model on a page: cdnpg demo --model {output_dir} (pip install -e '.[demo]' first)")
     return metrics
 
@@ -154,25 +155,3 @@ def one_line_errors() -> Iterator[None]:
         if first:
             print(f"{chr(10) if stop.progress_bar else ''}{program}: {stop}", file=sys.stderr)
         raise SystemExit(130) from None  # 128 + SIGINT, as the shell reports an interrupted command
-
-
-def train_and_score(
-    trainer: Seq2SeqTrainer,
-    corpus: datasets.DatasetDict,
-    features: datasets.DatasetDict,
-    metric: evaluate.EvaluationModule | None,
-    max_new_tokens: int,
-) -> dict[str, float]:
-    """`main`'s stages from training to prediction, for a Trainer built elsewhere: the benchmarks' baselines (BART,
-    bert2bert) are trained, saved, evaluated and scored exactly as a C-DNPG run is. Returns every metric."""
-    args, metrics = trainer.args, {}
-    if args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-        trainer.save_state()
-        record(trainer, "train", train_result.metrics, metrics)
-    save_trained_model(trainer, corpus, max_new_tokens)
-    if args.do_eval and "validation" in features:
-        record(trainer, "eval", trainer.evaluate(features["validation"], metric_key_prefix="eval"), metrics)
-    if args.do_predict and "test" in features:
-        record(trainer, "test", predict_and_score(trainer, corpus, features["test"], metric), metrics)
-    return metrics

@@ -87,7 +87,8 @@ def training_summary(
     metrics: dict[str, float],
     both_directions: bool = False,
 ) -> str:
-    """The model card's account of the data, the recipe and which model was kept. `both_directions`: the training
+    """The model card's account of the data (`data`: its words for the source, `describe_data`; the split sizes), the
+    recipe and which model was kept. `both_directions`: the training
     split holds every pair and its reverse (run.py's --both_directions), which its size alone does not say."""
     args, state = trainer.args, trainer.state
     sizes = {split: f"{len(rows):,} {split}" for split, rows in corpus.items()}
@@ -102,7 +103,7 @@ def training_summary(
         selection += f", validation loss {metrics['eval_loss']:.4f}"
     devices = f"{args.world_size} device{'s' if args.world_size > 1 else ''}"
     return (
-        f"{data} ({splits} pairs); AdamW lr {args.learning_rate}, {args.lr_scheduler_type.value} schedule, "
+        f"Trained on {data}, split into {splits} pairs; AdamW lr {args.learning_rate}, {args.lr_scheduler_type.value} schedule, "
         f"{args.warmup_steps:g} warm-up steps, batch {args.per_device_train_batch_size} per device x "
         f"{devices} ({distributed_strategy(trainer.accelerator)}), {state.global_step} steps; kept {selection}."
     )

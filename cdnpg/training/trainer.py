@@ -57,7 +57,8 @@ def run_decoding_config(model: PreTrainedModel, args: CDNPGTrainingArguments, ma
 class CDNPGTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` whose optimizer may give the granularity heads their own learning rate, whose test split is
     decoded as the checkpoint decodes by default, whose saves hold tokenizers transformers 4.57 reads too, and whose
-    model card (README.md, also the one `push_to_hub` uploads) is the project's C-DNPG card."""
+    model card (README.md, also the one `push_to_hub` uploads) is the project's C-DNPG card (a baseline's is
+    transformers' own)."""
 
     card: dict | None = None  # `render_model_card`'s keyword arguments, set by `write_model_card`
     gather_function = workarounds.GatherForMetrics()
@@ -124,7 +125,10 @@ class CDNPGTrainer(Seq2SeqTrainer):
         self.create_model_card()
 
     def create_model_card(self, *args, **kwargs) -> None:
-        if self.is_world_process_zero():
+        if self.model.config.model_type != "cdnpg":  # a baseline (run.py --architecture): transformers' own card
+            dataset = (self.card or {}).get("dataset")
+            super().create_model_card(*args, **{"dataset": dataset, "dataset_tags": dataset, **kwargs})
+        elif self.is_world_process_zero():
             # the name the card's code loads: the Hub repository when pushing, else the folder as the run named it
             pushed = self.args.push_to_hub and (self.args.hub_model_id or Path(self.args.output_dir).name)
             model_id = pushed or self.args.output_dir
