@@ -120,6 +120,25 @@ def test_a_missing_data_file_is_named_before_any_data_work(tmp_path):
     assert error_line(["--train_file", str(missing), "--do_train"]) == f"--train_file {missing}: no such file"
 
 
+def test_a_folder_given_for_a_data_file_is_named_a_folder_with_the_file_in_it_before_any_data_work(
+    tmp_path, monkeypatch
+):
+    no_data_work(monkeypatch)
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    argv = ["--quora_file", str(downloads), "--do_train", "--output_dir", str(tmp_path / "out")]
+    assert error_line(argv) == f"--quora_file {downloads}: is a folder, not a file: give the data file in it"
+    (downloads / "quora_duplicate_questions.tsv").write_text("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n")
+    assert error_line(argv) == (
+        f"--quora_file {downloads}: is a folder, not a file: give the data file in it, e.g. --quora_file "
+        f"{downloads / 'quora_duplicate_questions.tsv'}"
+    )
+    assert error_line(["--train_file", str(downloads), "--do_train"]).startswith(
+        f"--train_file {downloads}: is a folder"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 # 5 and 6. An empty file; a failed run leaves the output folder as it found it -------------------------------------
 
 

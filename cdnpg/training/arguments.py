@@ -540,6 +540,19 @@ def check_stages(model_args: ModelArguments, training_args: CDNPGTrainingArgumen
         )
 
 
+def check_data_file(flag: str, path: str) -> None:
+    """`path`, given to `flag`, is a file: a folder is named as one (with a data file in it, if it holds one, as an
+    example of what to give), anything else as missing."""
+    folder = Path(path)
+    if folder.is_file():
+        return
+    if folder.is_dir():
+        inside = sorted(entry for entry in folder.iterdir() if entry.suffix in (".tsv", ".csv", ".jsonl"))
+        example = f", e.g. {flag} {inside[0]}" if inside else ""
+        raise UsageError(f"{flag} {path}: is a folder, not a file: give the data file in it{example}")
+    raise UsageError(f"{flag} {path}: no such file")
+
+
 def check_arguments(
     model_args: ModelArguments, data_args: DataArguments, training_args: CDNPGTrainingArguments
 ) -> None:
@@ -548,11 +561,10 @@ def check_arguments(
     would stop at its first evaluation, after the data and tokenizer work), --do_predict a test file."""
     check_stages(model_args, training_args)
     for flag in ("train_file", "validation_file", "test_file", "quora_file", "twitter_train_file"):
-        if getattr(data_args, flag) and not Path(getattr(data_args, flag)).is_file():
-            raise UsageError(f"--{flag} {getattr(data_args, flag)}: no such file")
+        if getattr(data_args, flag):
+            check_data_file(f"--{flag}", getattr(data_args, flag))
     for path in data_args.twitter_test_files or ():
-        if not Path(path).is_file():
-            raise UsageError(f"--twitter_test_files {path}: no such file")
+        check_data_file("--twitter_test_files", path)
     if data_args.dataset != "files":
         return
     if training_args.do_eval and not data_args.validation_file:
