@@ -205,16 +205,19 @@ def test_the_quora_recipe_trains_from_a_quora_format_file(tmp_path):
     )
     assert not output.exists()
     main([*argv, "--quora_sizes", "120", "10", "20", "--max_steps", "2", "--per_device_train_batch_size", "4",
-          "--eval_steps", "1", "--save_steps", "1", "--generation_num_beams", "2", "--disable_tqdm", "true"])  # fmt: skip
+          "--eval_steps", "1", "--save_steps", "1", "--generation_num_beams", "2", "--disable_tqdm", "true",
+          "--max_predict_samples", "8"])  # fmt: skip
     config = json.loads((output / "config.json").read_text())
     assert config["encoder_layers"] == 6 and config["d_model"] == 384  # all-MiniLM-L6-v2, converted
     assert config["copy_mechanism"] == "learned"
     predictions = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
-    assert len(predictions) == 20 and all(row["source"] == row["source"].lower() for row in predictions)
+    assert len(predictions) == 8 and all(
+        row["source"] == row["source"].lower() for row in predictions
+    )  # the CPU route
     card = (output / "README.md").read_text()
     assert "sentence-transformers/all-MiniLM-L6-v2" in card and "datasets" not in card.split("---")[1]
     assert "Trained on the local file quora_duplicate_questions.tsv (300 rows, 150 pairs kept), split into 120 " \
-        "train, 10 validation, 20 test pairs" in " ".join(card.split())  # fmt: skip
+        "train, 10 validation, 8 test pairs" in " ".join(card.split())  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -505,6 +508,23 @@ def test_the_checkpoint_named_after_ctrl_c_is_the_last_one_the_trainer_finished_
         if complete:
             (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
     assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+
+
+def test_ctrl_c_after_a_checkpoint_without_optimizer_state_names_what_starts_from_its_weights(tmp_path):
+    """A checkpoint saved with save_only_model cannot resume: the line says how to use it instead of a command that
+    would be refused."""
+    from cdnpg.training import TrainingInterrupted
+
+    (tmp_path / "checkpoint-4").mkdir()
+    (tmp_path / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    assert str(TrainingInterrupted(str(tmp_path), ["--do_train"])) == (
+        f"interrupted; the last checkpoint is {tmp_path / 'checkpoint-4'}. It holds the model but not the optimizer "
+        f"state (save_only_model): start a new run from its weights with --model_name_or_path "
+        f"{tmp_path / 'checkpoint-4'} and another --output_dir"
+    )
+    for state in ("optimizer.pt", "scheduler.pt"):
+        (tmp_path / "checkpoint-4" / state).write_text("")
+    assert "Resume with: " in str(TrainingInterrupted(str(tmp_path), ["--do_train"]))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
