@@ -50,6 +50,8 @@ def test_quality_quick_trains_scores_and_reports_every_kind_of_model(tmp_path, m
             assert math.isfinite(metrics[key]), (name, key, metrics[key])
         assert 0 <= metrics["rare_kept"] <= 100, name
     assert 0 <= groups["human references"][0]["metrics"]["rare_kept"] <= 100
+    card = (out / "bert2bert-seed0" / "README.md").read_text()  # transformers' card, naming the local checkpoint
+    assert f"This model is bert2bert built from the local checkpoint `{tmp_path.name}/bert`, trained on" in card
     config = json.loads((out / "warm-resonance-seed0" / "config.json").read_text())
     assert config["granularity_mask"] == "resonance" and config["d_model"] == 32 and config["layernorm_embedding"]
 

@@ -597,6 +597,9 @@ def test_a_bart_baseline_run_writes_what_a_cdnpg_run_writes_with_transformers_ca
     assert_scores_are_those_of_the_predictions(output)
     card = (output / "README.md").read_text()
     assert "C-DNPG" not in card and "granularity" not in card and "datasets" not in card.split("---")[1]
+    assert "This model was trained from scratch on an unknown dataset." in card and "[](" not in card
+    data = "## Training and evaluation data\n\nTrained on cdnpg's synthetic template corpus, split into 256 train"
+    assert data in card
     assert error_line(argv).startswith(f"--output_dir {output} is not empty")
 
 

@@ -16,9 +16,10 @@ from transformers import (
     Seq2SeqTrainer,
     TrainerCallback,
 )
+from transformers.modelcard import TrainingSummary
 
 from cdnpg.data import make_tokenizer_config_portable
-from cdnpg.hub import render_model_card
+from cdnpg.hub import PACKAGED_MODELS, checkpoint_name, render_model_card
 from cdnpg.training import workarounds
 from cdnpg.training.arguments import CDNPGTrainingArguments
 from modeling_cdnpg.generation_cdnpg import Z_SETTINGS, paraphrase, paraphrasing_defaults
@@ -126,8 +127,7 @@ class CDNPGTrainer(Seq2SeqTrainer):
 
     def create_model_card(self, *args, **kwargs) -> None:
         if self.model.config.model_type != "cdnpg":  # a baseline (run.py --architecture): transformers' own card
-            dataset = (self.card or {}).get("dataset")
-            super().create_model_card(*args, **{"dataset": dataset, "dataset_tags": dataset, **kwargs})
+            self.create_baseline_card()
         elif self.is_world_process_zero():
             # the name the card's code loads: the Hub repository when pushing, else the folder as the run named it
             pushed = self.args.push_to_hub and (self.args.hub_model_id or Path(self.args.output_dir).name)
@@ -136,6 +136,48 @@ class CDNPGTrainer(Seq2SeqTrainer):
             card = render_model_card(self.model, model_id, **(self.card or {}))
             path.with_suffix(".md.tmp").write_text(card, encoding="utf-8")
             os.replace(path.with_suffix(".md.tmp"), path)
+
+    def create_baseline_card(self) -> None:
+        """transformers' Trainer card of a baseline, saying what it was trained from: bert2bert's checkpoint, linked
+        when it is on the Hub (`hub_checkpoint`), named when it is a folder here; BART from scratch. The Trainer would
+        take the model's `_name_or_path`, empty for a model built from a config: a link to nothing. A Hub dataset,
+        the card's one, is named in `datasets:`."""
+        if not self.is_world_process_zero():
+            return
+        card, name = self.card or {}, Path(self.args.output_dir).name
+        hub = [card["dataset"]] if card.get("dataset") else []
+        summary = TrainingSummary.from_trainer(
+            self,
+            model_name=name,
+            finetuned_from="",
+            dataset=hub,
+            dataset_tags=hub,
+            dataset_args=[],
+            dataset_metadata=[],
+        )  # finetuned_from "": no Hub look-up for its licence
+        encoder = getattr(self.model.config, "encoder", None)  # bert2bert's: the checkpoint it was built from
+        summary.finetuned_from = hub_checkpoint(encoder._name_or_path) if encoder is not None else None
+        text = summary.to_model_card()
+        if encoder is not None and summary.finetuned_from is None:  # transformers words a Hub id or "from scratch"
+            local = (
+                f"This model is bert2bert built from the local checkpoint `{checkpoint_name(encoder._name_or_path)}`"
+            )
+            text = text.replace("This model was trained from scratch", f"{local}, trained")
+        if card.get("training_summary"):  # the run's data, splits and recipe, as the C-DNPG card states them
+            data = "## Training and evaluation data\n\n"
+            text = text.replace(f"{data}More information needed", f"{data}{card['training_summary']}")
+        path = Path(self.args.output_dir) / "README.md"
+        path.with_suffix(".md.tmp").write_text(text, encoding="utf-8")
+        os.replace(path.with_suffix(".md.tmp"), path)
+
+
+def hub_checkpoint(name_or_path: str) -> str | None:
+    """The Hub id of a checkpoint: as given when it is no folder here, a packaged one's (`checkpoint_name`); None
+    for a folder of this machine, which no Hub link reaches."""
+    if not Path(name_or_path).exists():
+        return name_or_path or None
+    name = checkpoint_name(name_or_path)
+    return name if name in PACKAGED_MODELS else None
 
 
 def make_trainer(
