@@ -7,6 +7,8 @@
         --test_file test.jsonl --output_dir runs/quora
     # several GPUs (DDP); on CPU add --use_cpu (the gloo backend)
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 training/run.py ...
+    # a baseline on the same data, recipe and scoring: transformers' BART of the same size (or bert2bert)
+    python training/run.py training/configs/paper.yaml --architecture bart --train_file train.jsonl ...
 
 Arguments come from the command line, or a JSON / YAML file given first (later flags override it); a flag or key is
 taken by its full name only, and every one is checked before any data is read. Every `Seq2SeqTrainingArguments`
