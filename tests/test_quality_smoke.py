@@ -17,8 +17,8 @@ METRIC_KEYS = ("ibleu", "ibleu_paper", "bleu2", "bleu4", "rougeL", "meteor", "sa
 
 @pytest.mark.slow
 def test_quality_quick_trains_scores_and_reports_every_kind_of_model(tmp_path, monkeypatch, capsys):
-    """One quick run of each kind of model: C-DNPG warm-started (in a run.py subprocess, as every C-DNPG model, from
-    scratch too: run.py's flags of both are checked below), BART from scratch and bert2bert (in this process), and the
+    """One quick run of each kind of model, each a run.py process of its own: C-DNPG warm-started (from scratch too:
+    run.py's flags of both are checked below), BART from scratch and bert2bert (run.py --architecture), and the
     anchors; the command line it was given is recorded with every run."""
     from tests.test_convert import save_with_tokenizer, tiny_bert
 
