@@ -646,10 +646,8 @@ def augment_to_folder(
             "with --multi_gpu (accelerate's name for several processes) or --config_file "
             "training/configs/accelerate/ddp.yaml"
         )
-    import datasets
 
-    datasets.disable_progress_bars()  # Progress counts the rows of every process; datasets' bars would be noise
-    with state.main_process_first():  # the main process converts the input to Arrow once; the others reuse it
+    with state.main_process_first(), _datasets_quiet():  # the main process converts the input to Arrow once
         rows = load_rows(data, split, max_rows)
     check_column(rows, column)
     chunks = max(1, math.ceil(len(rows) / chunk_size))
@@ -674,7 +672,11 @@ def augment_to_folder(
         if refusal[0] is not None:
             raise InputError(refusal[0])
         mine = [chunk for chunk in range(state.process_index, chunks, state.num_processes)]
-        with _progress(state.is_main_process, output, chunks, chunk_size, len(rows)), _each_warning_once():
+        with (
+            _progress(state.is_main_process, output, chunks, chunk_size, len(rows)),
+            _each_warning_once(),
+            _datasets_quiet(),
+        ):
             for chunk in mine:
                 shard = shard_path(output, chunk, chunks)
                 if shard.exists():
@@ -710,6 +712,20 @@ def _claim(output: Path, manifest: dict[str, Any]) -> str | None:
     write_atomically(path, lambda temporary: temporary.write_text(json.dumps(manifest, indent=2) + "\n"))
     (output / SHARDS).mkdir(exist_ok=True)
     return None
+
+
+@contextmanager
+def _datasets_quiet() -> Iterator[None]:
+    """No progress bars of datasets' own (Progress counts the rows of every process), as they were afterwards."""
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
+
+    enabled = is_progress_bar_enabled()
+    disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            enable_progress_bar()
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from transformers import AutoTokenizer, pipeline
 
 from cdnpg.augment import MANIFEST, augment, shard_path
 from cdnpg.cli import main
+from cdnpg.errors import InputError
 from cdnpg.inference import new_tokens
 from cdnpg.training.output_dir import lock_files
 from tests.test_cli import CORPUS, save_tiny, train_tokenizer
@@ -95,11 +96,11 @@ def test_each_row_gets_what_the_pipeline_returns_for_its_text(model_dir, rows):
     settings: novelty's ranked candidates with scores, and the model's own beam search (no scores)."""
     paraphraser = pipeline("text2text-generation", model=str(model_dir), trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    dataset = Dataset.from_list(rows)
+    dataset = Dataset.from_list(rows[:16])  # the long row and the blank ones among them
     for settings in ({"novelty": 0.5, "num_return_sequences": 2}, {"num_return_sequences": 2, "num_beams": 3}):
         result = augment(dataset, str(model_dir), "text", batch_size=4, keep_in_memory=True, **settings)
         assert result.column_names == ["id", "text", "label", "paraphrases", "scores"]
-        assert result.select_columns(["id", "text", "label"]).to_list() == rows
+        assert result.select_columns(["id", "text", "label"]).to_list() == rows[:16]
         for row in result:
             if not (row["text"] or "").strip():
                 assert row["paraphrases"] == [] and row["scores"] in ([], None)
@@ -112,6 +113,15 @@ def test_each_row_gets_what_the_pipeline_returns_for_its_text(model_dir, rows):
             else:
                 assert row["scores"] is None
         assert any(len(row["paraphrases"]) == 2 for row in result)
+
+
+def test_an_iterable_dataset_is_paraphrased_as_it_is_read_as_a_dataset_is(model_dir, rows):
+    dataset = Dataset.from_list(rows[:12])
+    settings = {"novelty": 0.5, "num_return_sequences": 2, "batch_size": 4}
+    streamed = augment(dataset.to_iterable_dataset(), str(model_dir), "text", **settings)
+    assert list(streamed) == augment(dataset, str(model_dir), "text", keep_in_memory=True, **settings).to_list()
+    with pytest.raises(InputError, match="--column question: no such column; the data has id, text, label"):
+        augment(dataset, str(model_dir), "question")
 
 
 @pytest.mark.slow
