@@ -337,6 +337,7 @@ def _augmented(
     warn: bool = True,
 ) -> Dataset | IterableDataset:
     from datasets import Dataset
+    from datasets.fingerprint import generate_random_fingerprint
 
     blanks = 0
 
@@ -350,7 +351,10 @@ def _augmented(
     options: dict[str, Any] = {"batched": True, "batch_size": 4 * settings.batch_size, "with_indices": True,
                                "features": _features(dataset)}  # fmt: skip
     if isinstance(dataset, Dataset):
-        result = dataset.map(add, keep_in_memory=keep_in_memory, desc="paraphrasing", **options)
+        # a fresh fingerprint: datasets would hash the function, the model's weights with it (seconds a call), and
+        # would reuse a cached result for a model changed in memory
+        result = dataset.map(add, keep_in_memory=keep_in_memory, desc="paraphrasing",
+                             new_fingerprint=generate_random_fingerprint(), **options)  # fmt: skip
         if warn:
             warn_blank(blanks)
         return result
