@@ -147,11 +147,11 @@ class AugmentSettings:
 
     def check(self) -> None:
         """Raises `InputError` naming the first setting out of range."""
-        for name, value, low in (("num_return_sequences", self.num_return_sequences, 1), ("batch_size",
-                                 self.batch_size, 1), ("num_beams", self.num_beams, 1),
-                                 ("max_new_tokens", self.max_new_tokens, 1)):  # fmt: skip
-            if value is not None and value < low:
-                raise InputError(f"{name} must be at least {low}, got {value}")
+        counts = {"num_return_sequences": self.num_return_sequences, "batch_size": self.batch_size,
+                  "num_beams": self.num_beams, "max_new_tokens": self.max_new_tokens}  # fmt: skip
+        for name, value in counts.items():
+            if value is not None and value < 1:
+                raise InputError(f"{name} must be at least 1, got {value}")
         for name, value in (("novelty", self.novelty), ("keep_details", self.keep_details)):
             if value is not None and not 0 <= value <= 1:
                 raise InputError(f"{name} must be between 0 and 1, got {value}")
@@ -237,8 +237,9 @@ def paraphrase_rows(
     lengths = [min(len(ids), limit) - special for ids in tokenizer([texts[i].strip() for i in readable],
                verbose=False)["input_ids"]] if readable else []  # fmt: skip
     groups: dict[int, list[int]] = {}  # paraphrase length -> the rows, in input order
-    for index, length in zip(readable, lengths):
-        groups.setdefault(new_tokens(model, max(0, length), settings.max_new_tokens), []).append(index)
+    for index, length in zip(readable, lengths):  # a length given is every row's
+        key = settings.max_new_tokens or new_tokens(model, max(0, length))
+        groups.setdefault(key, []).append(index)
     rank_by = parse_ranking(settings.rank_by) if settings.rank_by is not None else None
     with torch.inference_mode():
         for rows in groups.values():
@@ -681,15 +682,20 @@ def augment_to_folder(
             _each_warning_once(),
             _datasets_quiet(),
         ):
-            for chunk in mine:
-                shard = shard_path(output, chunk, chunks)
-                if shard.exists():
-                    continue
-                first = chunk * chunk_size
-                part = rows.select(range(first, min(first + chunk_size, len(rows))))
-                part = _augmented(part, paraphraser, column, settings, similarity, keep_in_memory=True,
-                                  first_number=first + 1, warn=False)  # fmt: skip
-                write_atomically(shard, part.to_parquet)
+            try:
+                for chunk in mine:
+                    shard = shard_path(output, chunk, chunks)
+                    if shard.exists():
+                        continue
+                    first = chunk * chunk_size
+                    part = rows.select(range(first, min(first + chunk_size, len(rows))))
+                    part = _augmented(part, paraphraser, column, settings, similarity, keep_in_memory=True,
+                                      first_number=first + 1, warn=False)  # fmt: skip
+                    write_atomically(shard, part.to_parquet)
+            except KeyboardInterrupt:
+                if state.is_main_process:
+                    logger.info("stopped; the finished chunks are kept in %s: the same command continues", output)
+                raise
             state.wait_for_everyone()
         if state.is_main_process:
             return _finish(output, chunks, len(rows), column)

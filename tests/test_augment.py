@@ -6,6 +6,7 @@ for another run's folder, a folder in use and each kind of bad input.
 One tiny random model (tests/test_cli.py's) and 30 rows serve every test; the subprocess tests share one
 uninterrupted run as the reference."""
 
+import ast
 import json
 import os
 import signal
@@ -303,3 +304,11 @@ def test_a_hub_dataset_id_with_the_hub_unreachable_is_one_line(model_dir, tmp_pa
 def test_shards_are_named_in_input_order():
     names = [shard_path(Path("out"), chunk, 12).name for chunk in range(12)]
     assert names == sorted(names) and names[0] == "train-00000-of-00012.parquet"
+
+
+def test_the_library_sits_below_the_command_line():
+    """No import in cdnpg/augment.py, at its top or inside a function, names cdnpg.commands or cdnpg.cli."""
+    tree = ast.parse((ROOT / "cdnpg" / "augment.py").read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert "cdnpg.inference" in names and not {"cdnpg.commands", "cdnpg.cli", "cdnpg"} & names
