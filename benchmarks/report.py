@@ -4,6 +4,7 @@
     python benchmarks/report.py runs/quality/runs.jsonl runs/quality-seed1/runs.jsonl
     python benchmarks/report.py runs/novelty-s0/runs-report.jsonl runs/novelty-s1/runs-report.jsonl
     python benchmarks/report.py speed20.json speed256.json
+    python benchmarks/report.py benchmarks/results/augment-cpu.json  # benchmarks/augment.py's comparisons
     python benchmarks/report.py  # every result kept in benchmarks/results/, the documentation's tables
     python benchmarks/report.py --figures docs/  # and the documentation's figures, drawn from them
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from pathlib import Path
 
 from common import cell, format_table, group_runs, read_runs
@@ -99,6 +101,17 @@ def speed(runs: list[dict]) -> None:
         print("", format_table(["L/part/ratio", "kernels", "target", "status"], table), sep="\n")
 
 
+def augment(runs: list[dict]) -> None:
+    """benchmarks/augment.py's comparisons (a ratio of sentences per second, or of peak memory) and its sentences per
+    second; a later run's figure wins."""
+    comparisons = {key: value for run in runs for key, value in run["comparisons"].items()}
+    table = [[key, f"{r['value']:.2f}", r.get("target", "–"), status(r)] for key, r in comparisons.items()]
+    print(format_table(["augment: comparison", "ratio", "target", "status"], table))
+    rates = {key: values for run in runs for key, values in run["sentences_per_second"].items()}
+    table = [[key, f"{statistics.median(values):.1f}"] for key, values in rates.items()]
+    print("", format_table(["augment: call", "sentences/s (median of rounds)"], table), sep="\n")
+
+
 TRADE_OFF = ("ibleu", "bleu4", "rare_kept")  # the novelty figure's panels: what a setting gains, keeps and costs
 ANCHOR_STYLE = {"beam": ("black", "--"), "references": ("tab:green", ":")}  # horizontal lines across the settings
 
@@ -170,7 +183,7 @@ def draw_figures(runs: list[dict], folder: Path) -> list[Path]:
 
 def show(runs: list[dict]) -> None:
     """The tables of every benchmark among the runs."""
-    for name, draw in (("quality", quality), ("novelty", novelty), ("speed", speed)):
+    for name, draw in (("quality", quality), ("novelty", novelty), ("speed", speed), ("augment", augment)):
         mine = [run for run in runs if run.get("benchmark", "speed" if "ratios" in run else None) == name]
         if mine:
             draw(mine)

@@ -32,10 +32,12 @@ from cdnpg.commands import (
     EXIT_ERROR,
     EXIT_USAGE,
     LOGGERS,
+    check_augment,
     check_convert,
     check_demo,
     check_granularity,
     check_paraphrase,
+    run_augment,
     run_convert,
     run_demo,
     run_granularity,
@@ -277,7 +279,65 @@ def build_parser() -> argparse.ArgumentParser:
 
     refresh = add_command(commands, "refresh-code", run_refresh_code, **TEXTS["refresh-code"])
     refresh.add_argument("checkpoint", metavar="DIR", help="the checkpoint folder")
+    add_augment_command(commands, model_options)
     return parser
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# augment
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def add_augment_command(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
+    """`cdnpg augment`: a dataset's rows paraphrased into Parquet shards (`cdnpg.augment`), on one process or, under
+    `accelerate launch`, many."""
+    from cdnpg.augment import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
+
+    aug = add_command(
+        commands,
+        "augment",
+        run_augment,
+        check_augment,
+        parents=[model_options],
+        help="paraphrase every row of a dataset into a 🤗 dataset folder (resumable; N processes with accelerate)",
+        description="Add the model's paraphrases of --column to every row of --data (a JSONL, JSON, CSV, TSV, Parquet "
+        "or text file, a folder of them, or a Hub dataset id) and write them to --output-dir as Parquet shards, "
+        "which datasets.load_dataset(OUT, split='train') reads back in input order: the columns paraphrases and "
+        "scores are added. Run again, the same command continues a stopped run. `accelerate launch --multi_gpu "
+        "--num_processes N -m cdnpg augment ...` spreads the rows over N processes. See docs/augment.md.",
+    )
+    aug.add_argument("--data", required=True, metavar="SOURCE", help="file, folder or Hub dataset id")
+    aug.add_argument("--column", required=True, metavar="COL", help="the column of text to paraphrase")
+    aug.add_argument("--output-dir", required=True, metavar="OUT", help="folder of the result (a dataset)")
+    aug.add_argument("--split", default=None, metavar="NAME", help="the split to read, where the data has several")
+    aug.add_argument(
+        "-n", "--num-paraphrases", type=int, default=1, metavar="N", help="paraphrases per row (default 1)"
+    )
+    aug.add_argument(
+        "--novelty", type=float, default=None, metavar="X",
+        help="0 to 1: how far from the input's wording (default: the model's own decoding). See docs/novelty.md",
+    )  # fmt: skip
+    aug.add_argument(
+        "--keep-details", type=float, default=None, metavar="X",
+        help="0 to 1: how strongly the input's details are pulled into the output (default: not at all)",
+    )  # fmt: skip
+    aug.add_argument(
+        "--rank-by", default=None, metavar="RANKING",
+        help="what ranks the candidates, as for cdnpg paraphrase (default: the model's generation_config, else score)",
+    )  # fmt: skip
+    aug.add_argument(
+        "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="N",
+        help=f"rows per generate() call (default {DEFAULT_BATCH_SIZE})",
+    )  # fmt: skip
+    aug.add_argument(
+        "--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, metavar="N",
+        help=f"rows per shard, the most a stopped run loses per process (default {DEFAULT_CHUNK_SIZE})",
+    )  # fmt: skip
+    aug.add_argument("--max-rows", type=int, default=None, metavar="N", help="only the first N rows")
+    aug.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+        help="the model's precision (default float32; bfloat16 or float16 on a GPU)",
+    )  # fmt: skip
 
 
 class _Formatter(logging.Formatter):

@@ -16,17 +16,17 @@ import queue
 import sys
 import threading
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from cdnpg.augment import paraphrase  # the one batch path: the command's, the library's
 from cdnpg.errors import InputError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from cdnpg.ranking import SentenceSimilarity
-    from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
 
 logger = logging.getLogger(__name__)
 
@@ -55,60 +55,6 @@ def check_generation(args: argparse.Namespace) -> str | None:
 # ---------------------------------------------------------------------------------------------------------------------
 # paraphrase
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def paraphrase(
-    paraphraser: CDNPGText2TextPipeline,
-    texts: Sequence[str],
-    num_beams: int | None = None,
-    num_return_sequences: int = 1,
-    max_new_tokens: int | None = None,
-    novelty: float | None = None,
-    first_index: int = 1,
-    keep_details: float | None = None,
-    rank_by: str | dict[str, float] | None = None,
-    num_candidates: int | None = None,
-    similarity: SentenceSimilarity | None = None,
-) -> list[list[dict[str, str | float]]]:
-    """The candidates of each text, through the text2text pipeline (so the command and the pipeline check inputs,
-    decode and detokenise alike), as one batch: `{"generated_text": ...}`, with `novelty`, `keep_details`, `rank_by`
-    or `num_candidates` also `"score"` (what ranks them) and its parts. `rank_by`, `num_candidates` and `similarity`
-    are `generation_cdnpg.ParaphraseSettings`'.
-
-    A text with nothing to paraphrase (empty, blank, or only unknown tokens: `pipeline_cdnpg.unreadable`) gets none,
-    and one longer than the model takes is truncated to that (not to the paper's 20 tokens), each with the
-    pipeline's warning. `first_index` numbers the texts in warnings (their line number in the input).
-    """
-    from cdnpg.inference import new_tokens
-    from modeling_cdnpg.pipeline_cdnpg import FewerCandidatesWarning, input_limit, unreadable
-
-    model, tokenizer = paraphraser.model, paraphraser.tokenizer
-    sources = [text.strip() for text in texts]
-    limit, _ = input_limit(model, tokenizer)
-    longest = max((min(len(ids), limit) for ids in tokenizer(sources, verbose=False)["input_ids"]), default=0)
-    longest = max(0, longest - tokenizer.num_special_tokens_to_add())  # of the text, special tokens not counted
-    settings = {"max_new_tokens": new_tokens(model, longest, max_new_tokens), "max_length": None}
-    given = {"num_beams": num_beams, "num_return_sequences": num_return_sequences, "novelty": novelty,
-             "keep_details": keep_details, "rank_by": rank_by, "num_candidates": num_candidates,
-             "similarity": similarity}  # fmt: skip
-    settings |= {key: value for key, value in given.items() if value is not None}
-    numbers = range(first_index, first_index + len(sources))
-    with warnings.catch_warnings():  # the pipeline's own warning of fewer candidates: said below, numbered by line
-        warnings.simplefilter("ignore", FewerCandidatesWarning)
-        found = paraphraser(sources, batch_size=max(1, len(sources)), input_numbers=numbers, **settings)
-    for number, source, candidates in zip(numbers, sources, found):
-        for candidate in candidates:  # one line each: no tabs or newlines inside
-            candidate["generated_text"] = " ".join(candidate["generated_text"].split())
-        # novelty keeps only distinct candidates that are not the input; an unreadable input has none, said already
-        if len(candidates) < num_return_sequences and not unreadable(tokenizer, source):
-            logger.warning(
-                "input %d: %d of %d candidates: the beam searches found no more that differ from each other and from "
-                "the input (more --num-beams may find more)",
-                number,
-                len(candidates),
-                num_return_sequences,
-            )
-    return found
 
 
 def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -465,5 +411,64 @@ def run_convert(args: argparse.Namespace) -> int:
         f"{model.num_parameters():,}",
         f"{new:,}",
         "granularity heads, cross-attention, prediction head" if from_bert else "granularity heads",
+    )
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# augment
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def check_augment(args: argparse.Namespace) -> str | None:
+    """The usage errors of `cdnpg augment`, before anything is loaded."""
+    for option, value in (("--batch-size", args.batch_size), ("--chunk-size", args.chunk_size),
+                          ("--max-rows", args.max_rows), ("--num-paraphrases", args.num_paraphrases)):  # fmt: skip
+        if value is not None and value < 1:
+            return f"{option} must be at least 1, got {value}"
+    for option, value in (("--novelty", args.novelty), ("--keep-details", args.keep_details)):
+        if value is not None and not 0 <= value <= 1:
+            return f"{option} must be between 0 and 1, got {value}"
+    if not args.novelty and args.num_beams is not None and args.num_paraphrases > args.num_beams:
+        return (
+            f"--num-paraphrases {args.num_paraphrases} cannot exceed --num-beams {args.num_beams} (beam search "
+            "returns at most one sequence per beam; with --novelty above 0 it can)"
+        )
+    if args.rank_by is not None:
+        from cdnpg.ranking import parse_ranking
+
+        try:
+            parse_ranking(args.rank_by)
+        except ValueError as err:
+            return f"--rank-by {args.rank_by}: {err}"
+    return check_generation(args)
+
+
+def run_augment(args: argparse.Namespace) -> int:
+    """`cdnpg augment`: `cdnpg.augment.augment_to_folder` with the command's options."""
+    from cdnpg.augment import AugmentSettings, augment_to_folder
+
+    settings = AugmentSettings(
+        num_return_sequences=args.num_paraphrases,
+        novelty=args.novelty,
+        keep_details=args.keep_details,
+        rank_by=args.rank_by,
+        num_beams=args.num_beams,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+    )
+    augment_to_folder(
+        args.data,
+        args.model,
+        args.column,
+        args.output_dir,
+        split=args.split,
+        settings=settings,
+        chunk_size=args.chunk_size,
+        max_rows=args.max_rows,
+        device=args.device,
+        dtype=None if args.dtype == "float32" else args.dtype,
+        trust_remote_code=args.trust_remote_code,
+        argv=sys.argv[1:],
     )
     return EXIT_OK

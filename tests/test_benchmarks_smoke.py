@@ -218,3 +218,28 @@ def test_masks_compiled_alone_launch_fewer_kernels_than_aten_masks_and_more_than
             step = speed.workload(model, model.build(quick=True), "train", 2, 8, 8, args)
             counts[model.label] = speed.count_kernels(step, "train", 8, CPU)["total"]
     assert counts["none"] < counts["resonance (compiled_masks=True)"] < counts["resonance"]
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_a_quick_augment_run_measures_every_comparison(tmp_path, capsys):
+    """`benchmarks/augment.py --quick`: every comparison measured (finite, positive), the targets judged, the JSON
+    written and report.py's table printed from it. No timing is asserted: a tiny model on a shared machine."""
+    import augment
+
+    out = tmp_path / "augment-quick.json"
+    with contextlib.redirect_stderr(io.StringIO()):
+        augment.main(["--quick", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert set(results["comparisons"]) == {
+        "augment / paraphrase --input", "batch size 16 / 4", "inference_mode / no_grad",
+        "static cache / dynamic cache", "2 processes / 1 process", "default call / plain beam search",
+        "peak memory, large / small input",
+    }  # fmt: skip
+    for name, judged in results["comparisons"].items():
+        assert math.isfinite(judged["value"]) and judged["value"] > 0, name
+    assert {name for name, judged in results["comparisons"].items() if "target" in judged} == set(augment.TARGETS)
+    assert set(results["peak_memory_mib"]) == {"1,000 rows", "100,000 rows"}
+    capsys.readouterr()
+    report.main([str(out)])
+    assert "| 2 processes / 1 process |" in capsys.readouterr().out

@@ -164,12 +164,14 @@ def lock_holder(output_dir: str | os.PathLike) -> str:
 
 
 @contextmanager
-def output_dir_lock(output_dir: str | os.PathLike, command: Sequence[str] = ()) -> Iterator[None]:
+def output_dir_lock(
+    output_dir: str | os.PathLike, command: Sequence[str] = (), flag: str = "--output_dir"
+) -> Iterator[None]:
     """Hold the lock of `output_dir` in this process, for as long as the body runs.
 
     The lock is the operating system's (filelock's `FileLock`: flock on Unix), taken by one process: it ends with
     that process, however it ends, `kill -9` included, so a killed run never blocks the next one and no lock is ever
-    stale. The note beside it names the holder for the run it refuses.
+    stale. The note beside it names the holder for the run it refuses. `flag`: the option that named the folder.
 
     Raises:
         UsageError: another process holds the lock: "--output_dir X is in use by another run (process P on H, since
@@ -182,11 +184,11 @@ def output_dir_lock(output_dir: str | os.PathLike, command: Sequence[str] = ()) 
         lock.acquire()
     except Timeout:  # an OSError too: first
         raise UsageError(
-            f"--output_dir {output_dir} is in use by another run ({lock_holder(output_dir)}): wait until it ends, or "
-            "choose another --output_dir"
+            f"{flag} {output_dir} is in use by another run ({lock_holder(output_dir)}): wait until it ends, or "
+            f"choose another {flag}"
         ) from None
     except OSError as error:  # a read-only or full filesystem
-        raise UsageError(f"--output_dir {output_dir}: cannot write its lock {lock_path}: {error.strerror}") from None
+        raise UsageError(f"{flag} {output_dir}: cannot write its lock {lock_path}: {error.strerror}") from None
     try:
         since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         note = {"pid": os.getpid(), "host": socket.gethostname(), "since": since, "command": shlex.join(command)}
@@ -200,17 +202,18 @@ def output_dir_lock(output_dir: str | os.PathLike, command: Sequence[str] = ()) 
 
 
 @contextmanager
-def run_lock(args: CDNPGTrainingArguments, argv: Sequence[str] = ()) -> Iterator[None]:
+def run_lock(args: CDNPGTrainingArguments, argv: Sequence[str] = (), flag: str = "--output_dir") -> Iterator[None]:
     """One run at a time in `args.output_dir`: the launch's main process holds `output_dir_lock` for the whole run,
     and a run that finds it held stops in every process, with the same one-line `UsageError`. The processes of one
-    launch, on one machine or several, are one run."""
-    check_output_path(Path(args.output_dir))
+    launch, on one machine or several, are one run. `flag`: the option that named the folder (any `args` with an
+    `output_dir` will do: `cdnpg augment` holds its --output-dir so)."""
+    check_output_path(Path(args.output_dir), flag)
     state = PartialState()
     refusal: list[str | None] = [None]
     with ExitStack() as held:
         if state.is_main_process:
             try:
-                held.enter_context(output_dir_lock(args.output_dir, [sys.argv[0], *argv]))
+                held.enter_context(output_dir_lock(args.output_dir, [sys.argv[0], *argv], flag))
             except UsageError as error:
                 refusal[0] = str(error)
         if state.num_processes > 1:
@@ -246,12 +249,12 @@ def check_resumable(checkpoint: str) -> None:
         )
 
 
-def check_output_path(folder: Path) -> None:
+def check_output_path(folder: Path, flag: str = "--output_dir") -> None:
     """`folder` is, or can become, a folder: neither it nor a folder above it is a file."""
     existing = next(path for path in (folder, *folder.absolute().parents) if path.exists())
     if not existing.is_dir():
         where = "is a file" if existing == folder else f"is inside {existing}, a file"
-        raise UsageError(f"--output_dir {folder} {where}, not a folder: choose another --output_dir")
+        raise UsageError(f"{flag} {folder} {where}, not a folder: choose another {flag}")
 
 
 def check_output_dir(
