@@ -301,7 +301,8 @@ def closed_endpoint() -> str:
 
 def hub_environment(endpoint: str, home: str | Path, proxy: str | None = None, **more: str) -> dict[str, str]:
     """os.environ for a fresh process that reaches the Hub at `endpoint` only (through the HTTP `proxy` when given),
-    online, with its own empty cache under `home`: no proxy setting of this environment is kept."""
+    online, with its own empty cache under `home`: no proxy setting of this environment is kept, and 127.0.0.1 is
+    reached without one."""
     kept = {key: value for key, value in os.environ.items() if "proxy" not in key.lower()}
     hub = {
         "HF_ENDPOINT": endpoint,
@@ -309,4 +310,6 @@ def hub_environment(endpoint: str, home: str | Path, proxy: str | None = None, *
         "HF_HUB_CACHE": str(Path(home) / "hub"),
         "HF_HUB_OFFLINE": "0",
     }
-    return {**kept, **hub, **({"HTTP_PROXY": proxy, "http_proxy": proxy} if proxy else {}), **more}
+    proxies = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    proxies |= {"HTTP_PROXY": proxy, "http_proxy": proxy} if proxy else {}
+    return {**kept, **hub, **proxies, **more}

@@ -166,6 +166,25 @@ def generate_ids(model, tokenizer, **kwargs) -> list[list[int]]:
         return model.generate(**inputs, max_new_tokens=8, **kwargs).tolist()
 
 
+# What a probe computes of `model` and `tokenizer` (names it defines) into `outputs`, for `assert_same_outputs`: the
+# beam search's ids, and the logits of a forward pass, which tell a model's weights apart where a tiny random model's
+# ids are alike.
+PROBE_OUTPUTS = (  # one line: it goes into probes of any indentation
+    f"torch.set_grad_enabled(False); inputs = tokenizer({SOURCES!r}, return_tensors='pt', padding=True); "
+    "outputs = {'ids': model.generate(**inputs, max_new_tokens=8, num_beams=2).tolist(), "
+    "'logits': model(**inputs, decoder_input_ids=inputs['input_ids']).logits.tolist()}"
+)
+
+
+def assert_same_outputs(got: dict, model, tokenizer) -> None:
+    """`got` (a probe's `PROBE_OUTPUTS`) is what `model` computes here."""
+    inputs = tokenizer(SOURCES, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        logits = model(**inputs, decoder_input_ids=inputs["input_ids"]).logits
+    assert got["ids"] == generate_ids(model, tokenizer, num_beams=2)
+    torch.testing.assert_close(torch.tensor(got["logits"]), logits)
+
+
 def test_checkpoint_folder_is_a_complete_hub_repository(checkpoint):
     names = {path.name for path in checkpoint.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "README.md", "tokenizer.json"} <= names
@@ -313,30 +332,34 @@ def capture_push(push) -> dict[str, bytes]:
     return uploaded
 
 
-def test_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(model, tokenizer, tmp_path):
-    repo_id = "someone/cdnpg-tiny"
-    files = capture_push(lambda: model.push_to_hub(repo_id))
-    files.update(capture_push(lambda: tokenizer.push_to_hub(repo_id)))
-    assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "pipeline_cdnpg.py", "tokenizer.json"} <= set(
-        files
-    )
-    materialise_snapshot(tmp_path / "hub", repo_id, files)
-    expected = generate_ids(model, tokenizer, num_beams=2)
-    got = run_isolated(
-        sys.executable,
-        f"""
-        import json, torch
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained({repo_id!r}, trust_remote_code=True)
-        model = AutoModelForSeq2SeqLM.from_pretrained({repo_id!r}, trust_remote_code=True).eval()
-        inputs = tokenizer({SOURCES!r}, return_tensors="pt", padding=True)
-        with torch.no_grad():
-            print(json.dumps({{"ids": model.generate(**inputs, max_new_tokens=8, num_beams=2).tolist()}}))
-        """,
-        cwd=tmp_path,
-        env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home")},
-    )
-    assert got["ids"] == expected
+def test_push_to_hub_uploads_a_repository_that_loads_by_repo_id_from_the_hub(checkpoint, model, tokenizer, tmp_path):
+    """`push_to_hub` of the model and of its tokenizer uploads, through huggingface_hub, to a Hub on 127.0.0.1; the
+    same fresh process, where this project is not importable, then downloads the repo by its id from there into an
+    empty cache and computes, with the checkpoint's own code, what the model here does."""
+    repo_id = "someone/cdnpg-pushed"
+    with FakeHub() as hub:
+        got = run_isolated(
+            sys.executable,
+            f"""
+            import json, torch
+            from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+            folder = {str(checkpoint)!r}
+            AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).push_to_hub({repo_id!r})
+            AutoTokenizer.from_pretrained(folder, trust_remote_code=True).push_to_hub({repo_id!r})
+            tokenizer = AutoTokenizer.from_pretrained({repo_id!r}, trust_remote_code=True)
+            model = AutoModelForSeq2SeqLM.from_pretrained({repo_id!r}, trust_remote_code=True).eval()
+            {PROBE_OUTPUTS}
+            print(json.dumps({{**outputs, "module": type(model).__module__}}))
+            """,
+            cwd=tmp_path,
+            env=hub_environment(hub.endpoint, tmp_path / "home", HF_TOKEN="hf_test"),
+        )
+        uploaded = set(hub.repos["model", repo_id].files)
+        downloaded = {path.rsplit("/", 1)[-1] for path in hub.paths("GET") if "/resolve/" in path}
+    assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "pipeline_cdnpg.py", "tokenizer.json"} <= uploaded
+    assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "tokenizer.json"} <= downloaded
+    assert got["module"].startswith("transformers_modules"), "loaded with the code downloaded from the Hub"
+    assert_same_outputs(got, model, tokenizer)
 
 
 def test_trainer_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(tmp_path, monkeypatch):
@@ -571,10 +594,8 @@ def test_a_model_loads_by_repo_id_from_the_hub_directly_and_through_a_proxy(
         from cdnpg.cli import main
         from cdnpg.inference import load_model
         model, tokenizer = load_model("someone/cdnpg-tiny", device="cpu")
-        inputs = tokenizer({SOURCES!r}, return_tensors="pt", padding=True)
-        with torch.no_grad():
-            ids = model.generate(**inputs, max_new_tokens=8, num_beams=2).tolist()
-        print(json.dumps(ids), flush=True)
+        {PROBE_OUTPUTS}
+        print(json.dumps(outputs), flush=True)
         sys.exit(main(["paraphrase", "--model", "someone/cdnpg-cli", "--num-beams", "2", *{SOURCES!r}]))
         """
     with (
@@ -595,8 +616,8 @@ def test_a_model_loads_by_repo_id_from_the_hub_directly_and_through_a_proxy(
             stdin=subprocess.DEVNULL,
         )
     assert result.returncode == 0, result.stderr[-3000:]
-    ids, *lines = result.stdout.splitlines()
-    assert json.loads(ids) == generate_ids(model, tokenizer, num_beams=2)
+    outputs, *lines = result.stdout.splitlines()
+    assert_same_outputs(json.loads(outputs), model, tokenizer)
     assert main(["paraphrase", "--model", str(checkpoint), "--num-beams", "2", *SOURCES]) == 0
     assert lines == capsys.readouterr().out.splitlines()
     for repo in ("cdnpg-tiny", "cdnpg-cli"):
