@@ -362,9 +362,10 @@ def test_push_to_hub_uploads_a_repository_that_loads_by_repo_id_from_the_hub(che
     assert_same_outputs(got, model, tokenizer)
 
 
-def test_trainer_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(tmp_path, monkeypatch):
-    from cdnpg.training import main
-
+def test_trainer_push_to_hub_uploads_a_repository_that_loads_by_repo_id_from_the_hub(tmp_path):
+    """training/run.py's `--push_to_hub` (the Trainer's upload, in a process that reaches a Hub on 127.0.0.1 through
+    HF_ENDPOINT) uploads the trained model with the project's card; a fresh process where this project is not
+    importable loads it by its id from there as a pipeline, and computes what the saved run folder computes."""
     repo_id = "someone/cdnpg-trained"
     args = [
         "--output_dir",
@@ -379,26 +380,42 @@ def test_trainer_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(
     ]
     args += ["--d_model", "32", "--layers", "1", "--attention_heads", "2", "--ffn_dim", "32", "--vocab_size", "200"]
     args += ["--eval_strategy", "no", "--save_strategy", "no", "--load_best_model_at_end", "False"]
-    args += ["--push_to_hub", "True", "--hub_model_id", repo_id, "--disable_tqdm", "True"]
-    files = capture_push(lambda: main(args))
+    args += ["--push_to_hub", "True", "--hub_model_id", repo_id, "--disable_tqdm", "True", "--report_to", "none"]
+    with FakeHub() as hub:
+        env = hub_environment(hub.endpoint, tmp_path / "home", HF_TOKEN="hf_test", OMP_NUM_THREADS="1")
+        train = "import sys; from cdnpg.training import main; main(sys.argv[1:])"
+        result = subprocess.run(
+            [sys.executable, "-c", train, *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        files = hub.repos["model", repo_id].files
+        got = run_isolated(
+            sys.executable,
+            f"""
+            import json, torch
+            from transformers import pipeline
+            paraphraser = pipeline("text2text-generation", model={repo_id!r}, trust_remote_code=True)
+            model, tokenizer = paraphraser.model, paraphraser.tokenizer
+            {PROBE_OUTPUTS}
+            print(json.dumps(outputs))
+            """,
+            cwd=tmp_path,
+            env=hub_environment(hub.endpoint, tmp_path / "home-load"),
+        )
     assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "pipeline_cdnpg.py", "README.md"} <= set(files)
     card = files["README.md"].decode()
     assert "C-DNPG" in card, "the project's model card, not the Trainer's generic one"
     assert yaml.safe_load(card.split("---")[1])["pipeline_tag"] == "text2text-generation"
     assert not any(name.startswith("checkpoint-") for name in files)
-    materialise_snapshot(tmp_path / "hub", repo_id, files)
-    got = run_isolated(
-        sys.executable,
-        f"""
-        import json
-        from transformers import pipeline
-        paraphraser = pipeline("text2text-generation", model={repo_id!r}, trust_remote_code=True)
-        print(json.dumps(paraphraser({SOURCES[0]!r}, num_beams=2, max_new_tokens=4)))
-        """,
-        cwd=tmp_path,
-        env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home")},
-    )
-    assert isinstance(got[0]["generated_text"], str)
+    saved = tmp_path / "run"
+    assert files["model.safetensors"] == (saved / "model.safetensors").read_bytes()
+    assert_same_outputs(got, AutoModelForSeq2SeqLM.from_pretrained(saved).eval(), AutoTokenizer.from_pretrained(saved))
 
 
 def test_missing_weights_file_is_named(checkpoint, tmp_path):
