@@ -144,6 +144,8 @@ def hub_model_problem(repo_id: str) -> str | None:
     if isinstance(found, HfHubHTTPError):
         return f"the Hub ({endpoint}) refused it: {_first_line(found)}"
     if isinstance(found, Exception):  # the HTTP client's own: no connection, a proxy or TLS failure, a timeout
+        while (cause := found.__cause__ or found.__context__) is not None:  # the socket's words, not the client's
+            found = cause
         return f"the Hub ({endpoint}) cannot be reached: {_first_line(found)}"
     files = {sibling.rfilename for sibling in found.siblings or ()}
     if found.siblings is not None and "config.json" not in files:

@@ -688,8 +688,7 @@ def test_an_installed_wheel_finds_the_card_template_and_the_template_corpus_away
     probe = """
         import json
         import cdnpg.hub
-        from cdnpg.cli import main
-from cdnpg.data import TEMPLATE_FAMILIES
+        from cdnpg.data import TEMPLATE_FAMILIES
         print(json.dumps({"file": cdnpg.hub.__file__, "card": cdnpg.hub.model_card_template(),
                           "families": len(TEMPLATE_FAMILIES)}))
         """
