@@ -20,11 +20,13 @@ import os
 import shutil
 import tempfile
 import threading
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, constants, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
@@ -146,11 +148,19 @@ def hub_model_problem(repo_id: str) -> str | None:
     if isinstance(found, Exception):  # the HTTP client's own: no connection, a proxy or TLS failure, a timeout
         while (cause := found.__cause__ or found.__context__) is not None:  # the socket's words, not the client's
             found = cause
-        return f"the Hub ({endpoint}) cannot be reached: {_first_line(found)}"
+        return f"the Hub ({endpoint}) cannot be reached{_through_proxy(endpoint)}: {_first_line(found)}"
     files = {sibling.rfilename for sibling in found.siblings or ()}
     if found.siblings is not None and "config.json" not in files:
         return f"its repo on the Hub ({endpoint}) has no config.json, not a saved model"
     return None
+
+
+def _through_proxy(url: str) -> str:
+    """The words " through the proxy <proxy>" when the environment sends requests for `url` through one, as HTTP
+    clients read it (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY); else none."""
+    parts = urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    return f" through the proxy {proxy}" if proxy and not urllib.request.proxy_bypass(parts.hostname or "") else ""
 
 
 def _first_line(error: BaseException) -> str:

@@ -649,6 +649,30 @@ def test_a_model_loads_by_repo_id_from_the_hub_directly_and_through_a_proxy(
         assert hosts == {f"hub.invalid:{hub.port}"} and len(proxy.forwarded) == len(hub.requests)
 
 
+def test_a_proxy_that_refuses_is_named_in_the_one_line_at_once(tmp_path):
+    """Where the Hub is reached through a proxy that is not there, `cdnpg` says so, naming the proxy, without the
+    download retries."""
+    proxy = closed_endpoint()
+    env = hub_environment("http://hub.invalid:9", tmp_path / "home", proxy=proxy)
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "cdnpg.cli", "paraphrase", "--model", "someone/qoura", "hi"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PROBE_TIMEOUT,
+    )
+    took = time.monotonic() - start
+    assert (result.returncode, result.stdout) == (1, "")
+    assert re.fullmatch(
+        rf"cdnpg: error: --model someone/qoura: no such model directory, and the Hub \(http://hub\.invalid:9\) "
+        rf"cannot be reached through the proxy {re.escape(proxy)}: .*[Cc]onnection refused\n",
+        result.stderr,
+    )
+    assert took < 15  # a fresh process's imports (not torch's), with room for a loaded machine; the retries take 30
+
+
 def test_an_existing_path_that_is_not_a_model_directory_is_named(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(InputError, match=r"weights\.bin: is a file"):
