@@ -36,6 +36,7 @@ from cdnpg.commands import (
     check_convert,
     check_demo,
     check_granularity,
+    check_inputs,
     check_paraphrase,
     run_augment,
     run_convert,
@@ -98,6 +99,27 @@ def add_command(
     return parser
 
 
+def add_generation_options(parser: argparse.ArgumentParser, title: str) -> None:
+    """How the model decodes: the options that paraphrase and granularity share, under a group title that says what
+    they decode in that command."""
+    generation = parser.add_argument_group(title)
+    generation.add_argument(
+        "--num-beams",
+        type=int,
+        default=None,
+        metavar="N",
+        help="beam size (default: the model's generation_config, 8 for C-DNPG as in the paper)",
+    )
+    generation.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="paraphrase length cap in tokens (default: the model's generation_config, 20 for C-DNPG, raised to the "
+        "input's length for longer inputs), never more than the model's positions allow",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `cdnpg` parser: one subcommand per task, each with the shared model and generation options."""
     model_only = argparse.ArgumentParser(add_help=False)  # what loads a model: every subcommand that uses one
@@ -118,23 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow a Hub repo's own modeling code (not needed where this package is installed)",
     )
     model_only.add_argument("-v", "--verbose", **VERBOSE)
-    model_options = argparse.ArgumentParser(add_help=False, parents=[model_only])  # and how it decodes
-    generation = model_options.add_argument_group("generation (granularity: only with --decoder)")
-    generation.add_argument(
-        "--num-beams",
-        type=int,
-        default=None,
-        metavar="N",
-        help="beam size (default: the model's generation_config, 8 for C-DNPG as in the paper)",
-    )
-    generation.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="paraphrase length cap in tokens (default: the model's generation_config, 20 for C-DNPG, raised to the "
-        "input's length for longer inputs), never more than the model's positions allow",
-    )
 
     parser = argparse.ArgumentParser(
         prog="cdnpg",
@@ -149,12 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
         "paraphrase",
         run_paraphrase,
         check_paraphrase,
-        parents=[model_options],
+        parents=[model_only],
         help="paraphrase sentences",
         description="Paraphrase sentences given as arguments, read from --input FILE or from stdin (one per line). "
         "Without --output, prints one line per input, its paraphrases separated by tabs (an empty line for "
         "an empty input); with --output, writes JSONL {source, paraphrases}.",
     )
+    add_generation_options(para, "generation")
     para.add_argument("text", nargs="*", help="sentences to paraphrase (default: --input FILE, else stdin)")
     para.add_argument("--input", "-i", metavar="FILE", help="text file, one sentence per line")
     para.add_argument(
@@ -211,11 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
         "granularity",
         run_granularity,
         check_granularity,
-        parents=[model_options],
+        parents=[model_only],
         help="draw z per layer for a sentence (the paper's Figure 2)",
-        description="The granularity z (eq. 4) of every encoder layer for one sentence, per word (the mean of its "
-        "word pieces; [CLS]/[SEP] omitted): 0 = sentence-level template, 1 = phrase-level detail.",
+        description="The granularity z (eq. 4) of every encoder layer for one sentence, per word (the largest z of "
+        "its word pieces, as decoding weighs words; special tokens omitted): 0 = sentence-level template, "
+        "1 = phrase-level detail.",
     )
+    add_generation_options(gran, "generation of the paraphrase that --decoder shows")
     gran.add_argument("text", help="the sentence (quote it)")
     gran.add_argument(
         "--out",
@@ -354,17 +362,28 @@ class _Formatter(logging.Formatter):
 @contextlib.contextmanager
 def _cli_logging(verbose: bool) -> Iterator[None]:
     """One-line messages on stderr for the run, then the logging state as it was: `main` is callable from Python."""
-    from transformers.utils import logging as hf_logging
-
-    ours, hub = [logging.getLogger(name) for name in LOGGERS], logging.getLogger("huggingface_hub")
-    saved, hub_level = [(package.handlers[:], package.level, package.propagate) for package in ours], hub.level
-    hf_saved = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
+    ours = [logging.getLogger(name) for name in LOGGERS]
+    saved = [(package.handlers[:], package.level, package.propagate) for package in ours]
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter())
     for package in ours:
         package.handlers[:] = [handler]
         package.setLevel(logging.DEBUG if verbose else logging.INFO)
         package.propagate = False
+    try:
+        yield
+    finally:
+        for package, (handlers, level, propagate) in zip(ours, saved):
+            package.handlers[:], package.level, package.propagate = handlers, level, propagate
+
+
+@contextlib.contextmanager
+def _quiet_libraries(verbose: bool) -> Iterator[None]:
+    """transformers' and huggingface_hub's logging as the command wants it (imports transformers), then as it was."""
+    from transformers.utils import logging as hf_logging
+
+    hub = logging.getLogger("huggingface_hub")
+    hub_level, hf_saved = hub.level, (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
     if not verbose:
         hf_logging.set_verbosity_error()  # our own warnings cover what a user of this command needs
         hf_logging.disable_progress_bar()  # "Loading weights" bars: noise on every call
@@ -372,8 +391,6 @@ def _cli_logging(verbose: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        for package, (handlers, level, propagate) in zip(ours, saved):
-            package.handlers[:], package.level, package.propagate = handlers, level, propagate
         hub.level = hub_level
         hf_logging.set_verbosity(hf_saved[0])
         if hf_saved[1]:
@@ -392,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
     with _cli_logging(args.verbose):
         try:
-            return args.run(args)
+            check_inputs(args)  # a missing file or model: refused before the seconds of importing torch
+            with _quiet_libraries(args.verbose):
+                return args.run(args)
         except BrokenPipeError:  # the reader left (`cdnpg paraphrase ... | head`): stop quietly
             with contextlib.suppress(OSError, ValueError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

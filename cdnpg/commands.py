@@ -2,7 +2,8 @@
 paraphrase sentences, draw the granularity z of a sentence, convert a pretrained checkpoint.
 
 Each subcommand has `check_<name>(args)`, which returns a usage problem (exit code 2) or None before anything is
-loaded, and `run_<name>(args)`, which returns the exit code or raises `InputError` (exit code 1).
+loaded, and `run_<name>(args)`, which returns the exit code or raises `InputError` (exit code 1). Between the two,
+`check_inputs(args)` refuses a missing file or model (exit code 1) before torch is imported.
 """
 
 from __future__ import annotations
@@ -41,6 +42,33 @@ INSTALL_DEMO = "pip install 'cdnpg[demo]' (pip install -e '.[demo]' in a checkou
 # ---------------------------------------------------------------------------------------------------------------------
 # Model loading and the options every subcommand shares
 # ---------------------------------------------------------------------------------------------------------------------
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """What the command reads is there and where it writes can be written, before torch and transformers are
+    imported (seconds): `--input`, the folders of `--output` and `--out`, and the model (`--model`, convert's SOURCE:
+    `cdnpg.hub.resolve_model_source`: a Hub id with one request). Raises `InputError` naming the flag."""
+    if getattr(args, "input", None) is not None and not Path(args.input).is_file():
+        raise InputError(f"--input {args.input}: no such file")
+    outputs = [("--output", args.output)] if getattr(args, "output", None) is not None else []
+    for flag, out in [*outputs, *(("--out", out) for out in getattr(args, "out", ()))]:
+        if not Path(out).resolve().parent.is_dir():
+            raise InputError(f"{flag} {out}: its directory does not exist")
+        if flag == "--out" and Path(out).suffix.lower() != ".html" and importlib.util.find_spec("matplotlib") is None:
+            raise InputError(
+                f"--out {out}: the heat map needs matplotlib, which is not installed: pip install matplotlib (or "
+                "the train extra, pip install -e '.[train]' in a checkout); .html and --show need nothing more"
+            )
+    models = [("--model", getattr(args, "model", None))]
+    models += [("SOURCE", args.source)] if args.command == "convert" else []
+    for flag, model in models:
+        if model is not None:
+            from cdnpg.hub import resolve_model_source
+
+            try:
+                resolve_model_source(model)
+            except InputError as err:
+                raise InputError(f"{flag} {err}") from err
 
 
 def check_generation(args: argparse.Namespace) -> str | None:
@@ -161,10 +189,6 @@ def run_paraphrase(args: argparse.Namespace) -> int:
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    if args.input is not None and not Path(args.input).is_file():
-        raise InputError(f"--input {args.input}: no such file")
-    if args.output is not None and not Path(args.output).resolve().parent.is_dir():
-        raise InputError(f"--output {args.output}: its directory does not exist")
     from cdnpg.inference import load_model
 
     model, tokenizer = load_model(args.model, args.device, args.trust_remote_code)
@@ -268,15 +292,6 @@ def _use_color() -> bool:
 def run_granularity(args: argparse.Namespace) -> int:
     from cdnpg.figures import render, render_text
     from cdnpg.granularity import GranularityUnavailableError, word_granularities
-
-    for out in args.out:
-        if not Path(out).resolve().parent.is_dir():
-            raise InputError(f"--out {out}: its directory does not exist")
-        if Path(out).suffix.lower() != ".html" and importlib.util.find_spec("matplotlib") is None:
-            raise InputError(
-                f"--out {out}: the heat map needs matplotlib, which is not installed: pip install matplotlib (or "
-                "the train extra, pip install -e '.[train]' in a checkout); .html and --show need nothing more"
-            )
     from cdnpg.inference import load_model
 
     model, tokenizer = load_model(args.model, args.device, args.trust_remote_code)
@@ -383,12 +398,8 @@ def check_convert(args: argparse.Namespace) -> str | None:
 
 def run_convert(args: argparse.Namespace) -> int:
     from cdnpg.convert import convert
-    from cdnpg.hub import checkpoint_name, resolve_model_source, save_checkpoint
+    from cdnpg.hub import checkpoint_name, save_checkpoint
 
-    try:
-        resolve_model_source(args.source)
-    except FileNotFoundError as err:
-        raise InputError(f"SOURCE {err}") from err
     options = {
         "granularity_mask": args.granularity_mask,
         "granularity_mask_mode": args.granularity_mask_mode,

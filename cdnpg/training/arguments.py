@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
+from cdnpg.errors import InputError
 from cdnpg.hub import resolve_model_source
 from configuration_cdnpg import GRANULARITY_MASK_MODES, GRANULARITY_MASKS, CDNPGConfig
 
@@ -201,7 +202,7 @@ class ModelArguments:
             if getattr(self, name):
                 try:
                     setattr(self, name, resolve_model_source(getattr(self, name)))
-                except FileNotFoundError as error:
+                except InputError as error:
                     raise UsageError(f"--{name} {error}") from error
         CDNPGConfig(**self.config_overrides())  # fail now, naming the field, rather than after loading the data
 
