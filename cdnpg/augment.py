@@ -67,7 +67,6 @@ READERS = {".jsonl": ("json", {}), ".json": ("json", {}), ".csv": ("csv", {}), "
            ".parquet": ("parquet", {}), ".txt": ("text", {}), ".arrow": ("arrow", {})}  # fmt: skip
 TEXT_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".txt")  # read as UTF-8 text: checked before datasets reads them
 PROGRESS_SECONDS = 1.0
-HUB_TIMEOUT_SECONDS = 10  # how often the main process counts the shards written
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -407,6 +406,8 @@ def load_rows(source: str, split: str | None = None, max_rows: int | None = None
     """
     import datasets
 
+    from cdnpg.hub import first_line
+
     path = Path(source)
     if path.is_file():
         if path.suffix.lower() not in READERS:
@@ -431,19 +432,22 @@ def load_rows(source: str, split: str | None = None, max_rows: int | None = None
             "Hub dataset id: give a local file or folder, or unset HF_HUB_OFFLINE"
         )
     else:
-        _check_hub_dataset(source)
+        from cdnpg.hub import hub_repo_problem
+
+        if problem := hub_repo_problem(source, repo_type="dataset"):
+            raise InputError(f"--data {source}: no such file or folder, and as a Hub dataset id: {problem}")
         arguments, options = (source,), {}
     try:
         found = datasets.load_dataset(*arguments, **options)
     except (ConnectionError, TimeoutError) as err:
-        raise InputError(f"--data {source}: cannot reach the Hugging Face Hub for it ({_reason(err)})") from err
+        raise InputError(f"--data {source}: cannot reach the Hugging Face Hub for it ({first_line(err)})") from err
     except FileNotFoundError as err:
-        raise InputError(f"--data {source}: no such file, folder or Hub dataset ({_reason(err)})") from err
+        raise InputError(f"--data {source}: no such file, folder or Hub dataset ({first_line(err)})") from err
     except (OSError, ValueError) as err:
-        raise InputError(f"--data {source}: cannot read it ({_reason(err)})") from err
+        raise InputError(f"--data {source}: cannot read it ({first_line(err)})") from err
     except Exception as err:  # datasets' DatasetGenerationError and the Hub client's errors: the first line says why
         cause = err.__cause__ or err
-        raise InputError(f"--data {source}: cannot read it ({type(cause).__name__}: {_reason(cause)})") from err
+        raise InputError(f"--data {source}: cannot read it ({type(cause).__name__}: {first_line(cause)})") from err
     if split is None:
         if len(found) > 1:
             raise InputError(f"--data {source} has several splits ({', '.join(found)}): choose one with --split")
@@ -455,32 +459,6 @@ def load_rows(source: str, split: str | None = None, max_rows: int | None = None
     if max_rows is not None and max_rows < len(rows):
         rows = rows.select(range(max_rows))
     return rows
-
-
-def _check_hub_dataset(repo_id: str) -> None:
-    """A Hub dataset id is there, asked once: an unreachable Hub is one line at once, not after the download's
-    retries."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
-
-    try:
-        HfApi().dataset_info(repo_id, timeout=HUB_TIMEOUT_SECONDS)
-    except GatedRepoError as err:
-        raise InputError(f"--data {repo_id}: a gated Hub dataset: accept its terms on the Hub and log in "
-                         "(hf auth login)") from err  # fmt: skip
-    except RepositoryNotFoundError as err:
-        raise InputError(f"--data {repo_id}: no such file or folder, nor a Hub dataset (a private one needs a "
-                         "login: hf auth login)") from err  # fmt: skip
-    except HfHubHTTPError as err:
-        raise InputError(f"--data {repo_id}: the Hub answered {_reason(err)}") from err
-    except Exception as err:  # the HTTP client's connection errors and timeouts
-        raise InputError(f"--data {repo_id}: cannot reach the Hugging Face Hub for it ({type(err).__name__}: "
-                         f"{_reason(err)}); set HF_HUB_OFFLINE=1 to work offline with local files") from err  # fmt: skip
-
-
-def _reason(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 # ---------------------------------------------------------------------------------------------------------------------

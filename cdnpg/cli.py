@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     refresh = add_command(commands, "refresh-code", run_refresh_code, **TEXTS["refresh-code"])
     refresh.add_argument("checkpoint", metavar="DIR", help="the checkpoint folder")
-    add_augment_command(commands, model_options)
+    add_augment_command(commands, model_only)
     return parser
 
 
@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def add_augment_command(commands: argparse._SubParsersAction, model_options: argparse.ArgumentParser) -> None:
+def add_augment_command(commands: argparse._SubParsersAction, model_only: argparse.ArgumentParser) -> None:
     """`cdnpg augment`: a dataset's rows paraphrased into Parquet shards (`cdnpg.augment`), on one process or, under
     `accelerate launch`, many."""
     from cdnpg.augment import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
@@ -306,7 +306,7 @@ def add_augment_command(commands: argparse._SubParsersAction, model_options: arg
         "augment",
         run_augment,
         check_augment,
-        parents=[model_options],
+        parents=[model_only],
         help="paraphrase every row of a dataset into a 🤗 dataset folder (resumable; N processes with accelerate)",
         description="Add the model's paraphrases of --column to every row of --data (a JSONL, JSON, CSV, TSV, Parquet "
         "or text file, a folder of them, or a Hub dataset id) and write them to --output-dir as Parquet shards, "
@@ -314,6 +314,7 @@ def add_augment_command(commands: argparse._SubParsersAction, model_options: arg
         "scores are added. Run again, the same command continues a stopped run. `accelerate launch --multi_gpu "
         "--num_processes N -m cdnpg augment ...` spreads the rows over N processes. See docs/augment.md.",
     )
+    add_generation_options(aug, "generation")
     aug.add_argument("--data", required=True, metavar="SOURCE", help="file, folder or Hub dataset id")
     aug.add_argument("--column", required=True, metavar="COL", help="the column of text to paraphrase")
     aug.add_argument("--output-dir", required=True, metavar="OUT", help="folder of the result (a dataset)")

@@ -82,7 +82,7 @@ def resolve_model_source(name_or_path: str | os.PathLike[str]) -> str:
     Fails at once, without a Hub request, when the name cannot be a model on the Hub: the path does not exist here
     and looks like a local path (it starts with ./ ../ / or ~, or its parent folder exists here: "checkpoints/qoura"
     next to "checkpoints/"), or is not of the form "owner/name", or the Hub is offline (HF_HUB_OFFLINE) and the repo
-    is not in the local cache. A Hub id that is not cached is looked up with one request (`hub_model_problem`), so
+    is not in the local cache. A Hub id that is not cached is looked up with one request (`hub_repo_problem`), so
     that a Hub that does not answer, or a repo that is not there, fails in seconds rather than after
     huggingface_hub's half a minute of download retries.
 
@@ -108,16 +108,17 @@ def resolve_model_source(name_or_path: str | os.PathLike[str]) -> str:
             raise InputError(
                 f"{name}: no such model directory, and not in the local Hub cache (HF_HUB_OFFLINE){package}"
             )
-        if problem := hub_model_problem(name):
+        if problem := hub_repo_problem(name):
             raise InputError(f"{name}: no such model directory, and {problem}{package}")
     return name
 
 
-def hub_model_problem(repo_id: str) -> str | None:
-    """Why the Hub's model `repo_id` cannot be loaded from it, in words, or None when it can: the repo is not there
-    (or not visible without a token), has no config.json, or the Hub does not answer.
+def hub_repo_problem(repo_id: str, repo_type: str = "model") -> str | None:
+    """Why the Hub's `repo_type` repo ("model" or "dataset") `repo_id` cannot be loaded from it, in words, or None
+    when it can: the repo is not there (or not visible without a token), a model's has no config.json, or the Hub
+    does not answer.
 
-    One model-info request through huggingface_hub's own client, with its settings: the endpoint (HF_ENDPOINT), the
+    One repo-info request through huggingface_hub's own client, with its settings: the endpoint (HF_ENDPOINT), the
     proxies (HTTPS_PROXY, HTTP_PROXY, NO_PROXY), CA bundles and the token. It is not retried, and it is given
     HF_HUB_ETAG_TIMEOUT seconds (10 by default) to answer, the name lookup included.
     """
@@ -129,7 +130,7 @@ def hub_model_problem(repo_id: str) -> str | None:
 
     def ask() -> None:
         try:  # the request's own timeout only ends this thread; the wait below bounds the answer
-            answer.append(HfApi(endpoint=endpoint).model_info(repo_id, timeout=2 * timeout))
+            answer.append(HfApi(endpoint=endpoint).repo_info(repo_id, repo_type=repo_type, timeout=2 * timeout))
         except Exception as error:  # handed to the caller's thread, which names it
             answer.append(error)
 
@@ -142,15 +143,15 @@ def hub_model_problem(repo_id: str) -> str | None:
     if isinstance(found, GatedRepoError):
         return f"the Hub ({endpoint}) holds it gated: accept its conditions on its page, then log in (hf auth login)"
     if isinstance(found, RepositoryNotFoundError):
-        return f"no such model on the Hub ({endpoint}); a private one needs a token (hf auth login, or HF_TOKEN)"
+        return f"no such {repo_type} on the Hub ({endpoint}); a private one needs a token (hf auth login, or HF_TOKEN)"
     if isinstance(found, HfHubHTTPError):
-        return f"the Hub ({endpoint}) refused it: {_first_line(found)}"
+        return f"the Hub ({endpoint}) refused it: {first_line(found)}"
     if isinstance(found, Exception):  # the HTTP client's own: no connection, a proxy or TLS failure, a timeout
         while (cause := found.__cause__ or found.__context__) is not None:  # the socket's words, not the client's
             found = cause
-        return f"the Hub ({endpoint}) cannot be reached{_through_proxy(endpoint)}: {_first_line(found)}"
+        return f"the Hub ({endpoint}) cannot be reached{_through_proxy(endpoint)}: {first_line(found)}"
     files = {sibling.rfilename for sibling in found.siblings or ()}
-    if found.siblings is not None and "config.json" not in files:
+    if repo_type == "model" and found.siblings is not None and "config.json" not in files:
         return f"its repo on the Hub ({endpoint}) has no config.json, not a saved model"
     return None
 
@@ -163,7 +164,8 @@ def _through_proxy(url: str) -> str:
     return f" through the proxy {proxy}" if proxy and not urllib.request.proxy_bypass(parts.hostname or "") else ""
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """An error's first line, or its type's name when it says nothing."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
@@ -379,7 +381,8 @@ __all__ = [
     "TESTED_TRANSFORMERS",
     "card_data",
     "checkpoint_name",
-    "hub_model_problem",
+    "first_line",
+    "hub_repo_problem",
     "model_card_template",
     "refresh_model_code",
     "render_model_card",

@@ -297,7 +297,10 @@ def test_a_hub_dataset_id_with_the_hub_unreachable_is_one_line(model_dir, tmp_pa
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("cdnpg: error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert errors[0].startswith("cdnpg: error: --data someone/questions: cannot reach the Hugging Face Hub"), errors
+    assert errors[0].startswith(
+        "cdnpg: error: --data someone/questions: no such file or folder, and as a Hub dataset id: the Hub "
+        "(http://127.0.0.1:9) cannot be reached"
+    ), errors
     assert not output.exists()
 
 
