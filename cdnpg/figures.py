@@ -233,19 +233,55 @@ h2 { font-size: 1em; font-weight: 600; margin-top: 1.6em; overflow-wrap: anywher
 table { border-collapse: separate; border-spacing: 3px; }
 th { text-align: right; font-weight: normal; color: #555; padding-right: 0.8em; white-space: nowrap; }
 td { padding: 0; }
-.w { display: block; padding: 0.25em 0.5em; border-radius: 4px; text-align: center; white-space: nowrap;
-     font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; cursor: default; }
-.legend { margin-top: 2em; display: flex; align-items: center; gap: 0.8em; font-size: 0.9em; }
-.bar { width: 18em; height: 1em; border-radius: 3px; }
+td .cdnpg-word { display: block; margin: 0; text-align: center; }
+.cdnpg-legend { margin-top: 2em; }
 .note { color: #555; font-size: 0.9em; }
 """
 
 
-def render_html(rows: Sequence[LayerRow], path: str | os.PathLike[str] | None = None) -> str:
-    """A self-contained HTML page (inline CSS, no external assets): per layer a row of words coloured by z, z in
-    each word's tooltip, and a legend. Written to `path` when given; returned either way."""
-    esc = html.escape
+WORD_STYLE = ("padding:0.25em 0.5em;margin:0.15em;border-radius:4px;display:inline-block;white-space:nowrap;"
+              'font-family:ui-monospace,"SFMono-Regular",Menlo,monospace;cursor:default')  # fmt: skip
+SCALE_ENDS = ("0 = sentence-level template", "1 = phrase-level detail")
+
+
+def word_span(word: str, value: float, tooltip: str) -> str:
+    """One word as an HTML span on the colour of `value` (`z_to_rgb`), styled inline (it needs no style sheet), the
+    value in `data-z` and `tooltip` on hover."""
+    background = z_to_rgb(value)
+    style = f"background:{_hex(background)};color:{_hex(_text_rgb(background))};{WORD_STYLE}"
+    return (
+        f'<span class="cdnpg-word" data-z="{value:.4f}" style="{style}" title="{html.escape(tooltip)}">'
+        f"{html.escape(word)}</span>"
+    )
+
+
+def legend_html(ends: tuple[str, str] = SCALE_ENDS) -> str:
+    """The colour scale from 0 to 1 as an HTML bar between its two `ends`, styled inline."""
     gradient = ", ".join(f"{_hex(rgb)} {round(z * 100)}%" for z, rgb in COLOR_STOPS)
+    return (
+        '<div class="cdnpg-legend" style="display:flex;align-items:center;gap:0.8em;font-size:0.9em;margin-top:0.5em">'
+        f'<span>{html.escape(ends[0])}</span><span style="width:18em;height:1em;border-radius:3px;'
+        f'background:linear-gradient(to right, {gradient})"></span><span>{html.escape(ends[1])}</span></div>'
+    )
+
+
+def words_html(
+    words: Sequence[str], values: Sequence[float], caption: str, ends: tuple[str, str] = SCALE_ENDS, name: str = "z"
+) -> str:
+    """A fragment for a page: `caption`, then the words in a row, each on the colour of its value (`word_span`,
+    "`name` = value" on hover), then the legend of the scale (`legend_html`)."""
+    spans = "".join(word_span(word, value, f"{name} = {value:.2f}") for word, value in zip(words, values))
+    return (
+        f'<div class="cdnpg-words"><p style="font-size:0.85em;margin:0 0 0.3em 0">{html.escape(caption)}</p>'
+        f"<div>{spans}</div>{legend_html(ends)}</div>"
+    )
+
+
+def render_html(rows: Sequence[LayerRow], path: str | os.PathLike[str] | None = None) -> str:
+    """A self-contained HTML page (inline CSS, no external assets): per layer a row of words coloured by z
+    (`word_span`), z in each word's tooltip, and a legend (`legend_html`). Written to `path` when given; returned
+    either way."""
+    esc = html.escape
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',
@@ -259,18 +295,14 @@ def render_html(rows: Sequence[LayerRow], path: str | os.PathLike[str] | None = 
         parts.append(f"<h2>{esc(_panel_title(panel))}</h2>")
         parts.append("<table>")
         for row in panel.rows:
-            cells = []
-            for word, z in zip(row.words, row.z):
-                background = z_to_rgb(z)
-                style = f"background:{_hex(background)};color:{_hex(_text_rgb(background))}"
-                tooltip = f"{word}: z = {z:.2f} ({row.name})"
-                cells.append(f'<td><span class="w" style="{style}" title="{esc(tooltip)}">{esc(word)}</span></td>')
-            parts.append(f"<tr><th>{esc(row.name)}</th>{''.join(cells)}</tr>")
+            cells = "".join(
+                f"<td>{word_span(word, z, f'{word}: z = {z:.2f} ({row.name})')}</td>"
+                for word, z in zip(row.words, row.z)
+            )
+            parts.append(f"<tr><th>{esc(row.name)}</th>{cells}</tr>")
         parts.append("</table>")
     parts += [
-        '<div class="legend"><span>0 = sentence-level template</span>',
-        f'<span class="bar" style="background: linear-gradient(to right, {gradient})"></span>',
-        "<span>1 = phrase-level detail</span></div>",
+        legend_html(),
         f'<p class="note">z (eq. 4 of Gu et al., 2022) of each layer\'s granularity head. {esc(AGGREGATION_NOTE)} '
         "Hover a word for its value.</p>",
         "</body>",

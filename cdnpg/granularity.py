@@ -138,7 +138,7 @@ def word_granularities(
     Decoder rows teacher-force the model's own paraphrase of `text`, decoded with its generation_config
     (`num_beams`, `max_new_tokens` override it): z of decoder position t belongs to the paraphrase token fed at t.
     Words are decoding's (`word_positions`); an over-long `text` is truncated to what the model
-    takes, with a warning.
+    takes, with a warning, and the rows' sentence is the part it read.
     """
     _check_model(model)
     text = text.strip()
@@ -151,6 +151,8 @@ def word_granularities(
         raise ValueError(f"the sentence {text!r} has no words once special tokens are left out")
     offsets = batch.encodings[0].offsets if batch.encodings else None
     words = _words(tokenizer, batch["input_ids"][0].tolist(), groups, text, offsets)
+    if offsets is not None and batch.encodings[0].overflowing:  # truncated: the sentence is the part the model read
+        text = text[: offsets[groups[-1][-1]][1]]
     starts = word_starts(tokenizer, batch["input_ids"])
     batch = batch.to(model.device)
 

@@ -81,7 +81,7 @@ class CDNPGText2TextPipeline(Pipeline):
             if problems[-1]:
                 logger.warning("input %d %s: no paraphrase", number, problems[-1])
             elif note := truncated(len(self.tokenizer(text, verbose=False)["input_ids"]), limit, reason):
-                logger.warning("input %d %s", number, note)
+                warnings.warn(f"input {number} {note}", UserWarning, stacklevel=2)
         readable = [text for text, problem in zip(texts, problems) if not problem]
         paraphrases = iter(super().__call__(readable, **kwargs) if readable else [])
         results = [[] if problem else next(paraphrases) for problem in problems]
