@@ -26,6 +26,7 @@ gradio is imported only where the page is built (`build_app`, `launch`): the res
 from __future__ import annotations
 
 import html
+import itertools
 import socket
 import subprocess
 import sys
@@ -69,13 +70,16 @@ class Demo:
 
     paraphraser: the checkpoint's text2text pipeline. name: how the page names the model. defaults: the starting
     value of each control, from the generation config (`defaults`). rankings: the `rank_by` values offered.
-    similarity_model: the sentence embedder's folder, for a ranking that weighs similarity (None: none offered)."""
+    similarity_model: the sentence embedder's folder, for a ranking that weighs similarity (None: none offered).
+    card_note: what the model card says first, as a quote (`card_note`: "A demo model, not a paraphraser. ..."),
+    which the page shows under its title; None where the card says nothing of the kind."""
 
     paraphraser: CDNPGText2TextPipeline
     name: str
     defaults: dict[str, Any]
     rankings: tuple[str, ...]
     similarity_model: str | None = None
+    card_note: str | None = None
     _similarity: SentenceSimilarity | None = field(default=None, repr=False)
 
     @property
@@ -152,9 +156,30 @@ def defaults(model, embedder: str | None = None) -> tuple[dict[str, Any], tuple[
     return start | {"rank_by": rank_by}, offered
 
 
+def card_note(source: str) -> str | None:
+    """The model card's first quoted paragraph (its lines that start with "> "), e.g. the warning of a model trained
+    on the synthetic template corpus; None without one, or where the card (README.md of the folder, else of the Hub
+    repo) cannot be read."""
+    card = Path(source) / "README.md"
+    try:
+        if not card.is_file():
+            from huggingface_hub import hf_hub_download
+
+            card = Path(hf_hub_download(source, "README.md"))
+        lines = card.read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError):  # no card, or no Hub to ask: the page shows none
+        return None
+    start = next((i for i, line in enumerate(lines) if line.startswith("> ")), None)
+    if start is None:
+        return None
+    quote = [line[2:] for line in itertools.takewhile(lambda line: line.startswith("> "), lines[start:])]
+    return " ".join(quote)
+
+
 def load_demo(name_or_path: str, device: str = "auto", trust_remote_code: bool = False) -> Demo:
     """The checkpoint (`cdnpg.inference.load_model`: a folder or a Hub id, a `InputError` of one line when it cannot be
-    loaded) as its text2text pipeline, and the page's starting values (`defaults`)."""
+    loaded) as its text2text pipeline, the page's starting values (`defaults`) and its card's note (`card_note`)."""
+    from cdnpg.hub import resolve_model_source
     from cdnpg.inference import load_model
     from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
 
@@ -162,7 +187,7 @@ def load_demo(name_or_path: str, device: str = "auto", trust_remote_code: bool =
     paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
     embedder = similarity_model()
     start, offered = defaults(model, embedder)
-    return Demo(paraphraser, name_or_path, start, offered, embedder)
+    return Demo(paraphraser, name_or_path, start, offered, embedder, card_note(resolve_model_source(name_or_path)))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -318,6 +343,8 @@ def build_app(demo: Demo) -> gr.Blocks:
             "template, 1 = phrase-level detail). **Novelty** rewords the template; **keep details** pulls the "
             "input's details (high z) into the paraphrase."
         )
+        if demo.card_note:  # as the model card says it, first
+            gr.Markdown(f"> {demo.card_note}", elem_id="card_note")
         text = gr.Textbox(label="Input", placeholder="type a sentence, e.g. a question", lines=2, elem_id="input")
         with gr.Row():
             novelty = gr.Slider(0, 1, value=start["novelty"], step=0.05, label="novelty", elem_id="novelty")

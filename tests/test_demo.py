@@ -135,6 +135,20 @@ def test_the_controls_start_at_the_checkpoints_own_defaults(demo, checkpoint):
     assert values["novelty"] == 0.3 and values["keep"] == 0.6 and values["rank_by"] == demo.defaults["rank_by"]
 
 
+def test_the_page_of_a_demo_model_says_it_is_no_paraphraser_as_its_card_does(demo, calibrated, tmp_path):
+    """A model of the synthetic template corpus: its card's first words (`render_model_card(dataset="template")`)
+    stand under the page's title; a card without such a note adds nothing."""
+    from cdnpg.hub import render_model_card
+
+    folder = Path(shutil.copytree(calibrated, tmp_path / "template-model"))
+    (folder / "README.md").write_text(render_model_card(demo.model, "template-model", dataset="template"))
+    shown = load_demo(str(folder), device="cpu")
+    assert shown.card_note.startswith("**A demo model, not a paraphraser.**") and "do not use them" in shown.card_note
+    notes = [block.value for block in build_app(shown).blocks.values() if block.elem_id == "card_note"]
+    assert notes == [f"> {shown.card_note}"]
+    assert demo.card_note is None and not [b for b in build_app(demo).blocks.values() if b.elem_id == "card_note"]
+
+
 def test_the_words_carry_the_z_of_cdnpg_granularity(demo, calibrated, capsys):
     from cdnpg.figures import png_size
     from cdnpg.granularity import word_granularities
@@ -284,8 +298,21 @@ def test_a_long_input_is_answered_in_seconds_and_holds_up_no_one(demo):
 
 
 def test_cdnpg_demo_says_in_one_line_why_it_cannot_serve(tmp_path, checkpoint, capsys, monkeypatch):
+    import socket
+
     import cdnpg.demo
 
+    with socket.socket() as taken:  # a port another program serves on: cdnpg's advice, not Gradio's
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["demo", "--model", str(checkpoint), "--port", str(port)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        err[-1]
+        == f"cdnpg: error: --port {port}: it is taken, or cannot be bound on 127.0.0.1: choose another with --port N"
+    )
+    assert not any("GRADIO_SERVER_PORT" in line or "launch()" in line for line in err), err
     monkeypatch.setattr(cdnpg.demo, "launch", lambda *args, **kwargs: pytest.fail("a page was started"))
     broken = tmp_path / "broken"
     broken.mkdir()
