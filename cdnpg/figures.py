@@ -8,6 +8,7 @@ and labels around it need.
 
 from __future__ import annotations
 
+import functools
 import html
 import itertools
 import math
@@ -113,9 +114,20 @@ def _shorten(word: str, limit: int) -> str:
     return word if len(word) <= limit else word[: limit - 1] + "…"
 
 
+@functools.cache
+def _drawable() -> frozenset[int]:
+    """The characters matplotlib's default font has glyphs for."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    return frozenset(FT2Font(font_manager.findfont(font_manager.FontProperties())).get_charmap())
+
+
 def _mpl_text(text: str, word_limit: int = TITLE_WORD_MAX_CHARS) -> str:
-    """Text for matplotlib: words shortened to `word_limit`, "$" escaped (so that "$5 or $6" is not mathematics)."""
-    return " ".join(_shorten(word, word_limit) for word in text.split(" ")).replace("$", r"\$")
+    """Text for matplotlib: the characters its font cannot draw left out (a word of none of them is "?"), words
+    shortened to `word_limit`, "$" escaped (so that "$5 or $6" is not mathematics)."""
+    drawn = ["".join(c for c in word if ord(c) in _drawable()) or ("?" if word else "") for word in text.split(" ")]
+    return " ".join(_shorten(word, word_limit) for word in drawn).replace("$", r"\$")
 
 
 def _draw_panel(axes: Axes, panel: _Panel, cmap) -> None:

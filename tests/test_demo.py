@@ -222,6 +222,8 @@ def test_bad_input_is_one_line_on_the_page_not_an_error(demo):
     assert truncated and truncated[0] in found.notes and f"its first {limit} tokens" in truncated[0]
     shown = granularity_of(demo, long)
     assert shown.error is None and len(shown.rows[0].words) < limit
+    found = paraphrase_text(demo, "我怎样才能快速学习Python编程？", 0.5, 0.5, 2, "score")  # read as "python"
+    assert found.candidates and "input 1: the model cannot read 12 of its 18 characters" in " ".join(found.notes)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
