@@ -321,8 +321,8 @@ def _use_color() -> bool:
 
 
 def run_granularity(args: argparse.Namespace) -> int:
-    from cdnpg.figures import render, render_text
-    from cdnpg.granularity import GranularityUnavailableError, word_granularities
+    from cdnpg.figures import HTML_SUFFIXES, render, render_text
+    from cdnpg.granularity import GranularityUnavailableError, word_details, word_granularities
 
     for out in args.out:
         if not Path(out).resolve().parent.is_dir():
@@ -344,24 +344,20 @@ def run_granularity(args: argparse.Namespace) -> int:
             num_beams=args.num_beams,
             max_new_tokens=args.max_new_tokens,
         )
+        details = word_details(model, tokenizer, args.text)  # what novelty and keep_details read, 1 = detail
     except GranularityUnavailableError as err:
         raise InputError(f"--model {args.model}: {err}") from err
-    for out in args.out:
-        logger.info("wrote %s", render(rows, out))
+    for out in args.out:  # the heat map is the paper's figure, of raw z; the page and the table show the detail first
+        page = Path(out).suffix.lower() in HTML_SUFFIXES
+        logger.info("wrote %s", render([details, *rows] if page else rows, out))
     if args.show:
-        sys.stdout.write(render_text(rows, color=_use_color()))
+        sys.stdout.write(render_text([details, *rows], color=_use_color()))
     return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # demo
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def check_demo(args: argparse.Namespace) -> str | None:
-    if args.port is not None and not 1 <= args.port <= 65535:
-        return f"--port must be from 1 to 65535, got {args.port}"
-    return None
 
 
 def run_demo(args: argparse.Namespace) -> int:

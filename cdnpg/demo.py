@@ -12,8 +12,9 @@ What the page shows comes from the functions below, which a test can call withou
   beside it), with one line per problem: the pipeline's own (empty input, unknown words only, an input cut to the
   model's limit, settings it refuses).
 - `granularity_of`: z of every encoder layer per word, `cdnpg.granularity.word_granularities` as `cdnpg granularity`
-  computes it; the layer whose words the page colours is the one decoding reads (the generation config's calibrated
-  `novelty_z_layer`, else the top layer); the paper's Figure 2 of every layer is `cdnpg.figures.render_png`'s.
+  computes it (the paper's Figure 2, `cdnpg.figures.render_png`'s, and the table), and what the page colours: how much
+  each word counts as a detail for novelty and keep details (`cdnpg.granularity.word_details`: the layer and the
+  orientation decoding reads, 1 = detail even where calibration inverted z).
 
 Bad input never raises out of these functions: each returns a one-line message in place of results, so the page says
 what is wrong and keeps serving. The values are checked once, where they are used: the page's sliders and dropdown
@@ -112,10 +113,12 @@ class Paraphrases:
 
 @dataclass
 class Granularity:
-    """z of every encoder layer per word (`word_granularities`), the index of the row the page colours (`layer`,
-    into `rows`) and why that one (`caption`); or `error` (one line, no rows)."""
+    """z of every encoder layer per word (`word_granularities`, the paper's Figure 2), how much each word counts as a
+    detail for the rules (`details`: `word_details`, what the page colours), the layer they read (`layer`, into
+    `rows`) and how (`caption`); or `error` (one line, no rows)."""
 
     rows: list[LayerRow]
+    details: LayerRow | None = None
     layer: int = -1
     caption: str = ""
     error: str | None = None
@@ -240,45 +243,36 @@ def paraphrase_text(
     return Paraphrases(candidates, list(dict.fromkeys(str(warning.message) for warning in caught)))
 
 
-def shown_layer(model) -> tuple[int, str]:
-    """The encoder layer whose z the page colours, as an index into `word_granularities`' rows, and why: the one
-    novelty and keep_details read (`novelty_z_layer`, set by `cdnpg.calibration`), else the top one."""
-    from modeling_cdnpg.generation_cdnpg import DEFAULT_LAYER
-
-    config = model.generation_config
-    layers = model.config.encoder_layers
-    if getattr(config, "novelty_z_layer", None) is None:
-        return DEFAULT_LAYER % layers, f"encoder layer {layers} (the top one: this checkpoint's z is not calibrated)"
-    layer = config.novelty_z_layer % layers
-    reads = "; novelty reads 1 − z as detail" if getattr(config, "novelty_z_inverted", False) else ""
-    return layer, f"encoder layer {layer + 1} (the calibrated layer that novelty and keep details read{reads})"
-
-
 def granularity_of(demo: Demo, text: str) -> Granularity:
-    """z per word of every encoder layer for `text` (`word_granularities`, as `cdnpg granularity` computes it) and
-    the layer the page colours (`shown_layer`); an input the model cannot read, or a checkpoint without z, is the
+    """z per word of every encoder layer for `text` (`word_granularities`, as `cdnpg granularity` computes it), and
+    how much each word counts as a detail for novelty and keep details (`word_details`, in the layer and orientation
+    they read: `rules_reading`); an input the model cannot read, or a checkpoint without z, is the
     `Granularity.error` line."""
-    from cdnpg.granularity import word_granularities
+    from cdnpg.granularity import rules_reading, word_details, word_granularities
 
     if problem := unreadable_input(demo, text):
         return Granularity([], error=problem)
     try:
         rows = word_granularities(demo.model, demo.tokenizer, text)
+        details = word_details(demo.model, demo.tokenizer, text)
     except ValueError as err:  # GranularityUnavailableError included
         return Granularity([], error=f"No z to show: {err}.")
-    layer, caption = shown_layer(demo.model)
-    return Granularity(rows, layer, caption)
+    layer, _, caption = rules_reading(demo.model)
+    return Granularity(rows, details, layer, caption)
 
 
 def words_html(granularity: Granularity) -> str:
-    """The input's words on the colours of their z in the shown layer (`cdnpg.figures.words_html`, the figure's
-    scale), z on hover, the layer in the caption; or the error line."""
+    """The input's words on the colours of how much each counts as a detail for the rules (`cdnpg.figures.words_html`,
+    the figure's scale: 1, red, is a detail whichever way calibration oriented z), the value on hover, how it is read
+    in the caption; or the error line."""
     from cdnpg.figures import words_html as coloured_words
+    from cdnpg.granularity import DETAIL_ENDS
 
     if granularity.error:
         return f'<p class="cdnpg-z-error">{html.escape(granularity.error)}</p>'
-    row = granularity.rows[granularity.layer]
-    return coloured_words(row.words, row.z, f"z of {granularity.caption}:")
+    details = granularity.details
+    caption = f"How much each word counts as a detail for novelty and keep details ({granularity.caption}):"
+    return coloured_words(details.words, details.z, caption, DETAIL_ENDS, name="detail")
 
 
 def z_table(granularity: Granularity) -> list[list[Any]]:
@@ -321,7 +315,7 @@ def _status(error: str | None, notes: list[str]) -> str:
 
 def build_app(demo: Demo) -> gr.Blocks:
     """The page: the input, novelty / keep details / paraphrases / rank_by (from the checkpoint's defaults), a button
-    and examples; then the paraphrases with their scores and the pipeline's own output, the words coloured by z with
+    and examples; then the paraphrases with their scores and the pipeline's own output, the words coloured by detail with
     their values, and Figure 2. The button's event `paraphrase` (`paraphrase_text`) and then `granularity`
     (`granularity_of`) are the page's API, one request at a time (queue of one worker)."""
     import gradio as gr
@@ -359,12 +353,13 @@ def build_app(demo: Demo) -> gr.Blocks:
                                interactive=False, elem_id="paraphrases")  # fmt: skip
         with gr.Accordion("The pipeline's output", open=False):
             output = gr.JSON(label='pipeline("text2text-generation", ...) with these settings')
-        gr.Markdown("### The input's words, coloured by z (hover for the value)")
+        gr.Markdown("### The input's words, coloured by how much each counts as a detail (hover for the value)")
         words = gr.HTML(elem_id="words")
-        with gr.Accordion("z per word and layer", open=False):
+        with gr.Accordion("z per word and layer, as the model computes it", open=False):
             values = gr.Dataframe(headers=["word", *(f"encoder {i}" for i in range(1, layers + 1))],
                                   interactive=False, elem_id="z_table")  # fmt: skip
-        gr.Markdown(f"### The paper's Figure 2 for the input: z of every encoder layer (up to {FIGURE_WORDS} words)")
+        gr.Markdown(f"### The paper's Figure 2 for the input: z of every encoder layer as the model computes it, "
+                    f"before calibration (up to {FIGURE_WORDS} words)")  # fmt: skip
         image = gr.Image(show_label=False, type="pil", format="png", elem_id="figure", interactive=False)
         inputs = [text, novelty, keep, count, rank_by]
         shared = {"concurrency_limit": 1, "concurrency_id": CONCURRENCY}

@@ -351,7 +351,8 @@ def render_text(rows: Sequence[LayerRow], color: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-FIGURE_SUFFIXES = (".png", ".svg", ".pdf", ".html", ".htm")  # what `render` writes
+HTML_SUFFIXES = (".html", ".htm")  # `render` writes a page (`render_html`); else a matplotlib figure
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf", *HTML_SUFFIXES)  # what `render` writes
 
 
 def _ansi(code: int, rgb: tuple[int, int, int]) -> str:
@@ -362,7 +363,7 @@ def _ansi(code: int, rgb: tuple[int, int, int]) -> str:
 def render(rows: Sequence[LayerRow], path: str | os.PathLike[str]) -> Path:
     """Write `rows` to `path` as HTML (.html, .htm) or a matplotlib figure (.png, .svg, .pdf)."""
     path = Path(path)
-    if path.suffix.lower() in (".html", ".htm"):
+    if path.suffix.lower() in HTML_SUFFIXES:
         render_html(rows, path)
         return path
     return render_png(rows, path)

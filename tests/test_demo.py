@@ -149,34 +149,48 @@ def test_the_page_of_a_demo_model_says_it_is_no_paraphraser_as_its_card_does(dem
     assert demo.card_note is None and not [b for b in build_app(demo).blocks.values() if b.elem_id == "card_note"]
 
 
-def test_the_words_carry_the_z_of_cdnpg_granularity(demo, calibrated, capsys):
+def test_the_words_are_coloured_by_the_detail_the_rules_read_and_the_figure_shows_raw_z(demo, calibrated, capsys):
+    """The calibrated checkpoint reads 1 - z of encoder layer 1: the coloured words carry each word's detail as
+    decoding weighs it (the largest 1 - z of its word pieces, 1 = detail), the table and Figure 2 raw z of every
+    layer as `cdnpg granularity` computes it; `--show` prints both, the detail first."""
+    import torch
+
     from cdnpg.figures import png_size
-    from cdnpg.granularity import word_granularities
+    from cdnpg.granularity import word_granularities, word_positions
 
     shown = granularity_of(demo, SENTENCE)
     expected = word_granularities(demo.model, demo.tokenizer, SENTENCE)
     assert shown.error is None and shown.rows == expected  # every encoder layer, as the command computes them
-    assert shown.layer == 0 and "calibrated" in shown.caption and "1 − z" in shown.caption  # the calibrated layer
-    coloured = re.findall(r'data-z="([0-9.]+)"[^>]*>([^<]*)</span>', words_html(shown))
-    assert [word for _, word in coloured] == expected[0].words
-    assert [float(z) for z, _ in coloured] == [round(z, 4) for z in expected[0].z]
+    assert shown.layer == 0 and "1 − z of encoder layer 1 (the calibrated reading)" in shown.caption
+    batch = demo.tokenizer(SENTENCE, return_tensors="pt")
+    with torch.no_grad():
+        z = demo.model.get_encoder()(**batch, output_granularities=True).granularities[0][0]
+    [groups] = word_positions(demo.tokenizer, batch["input_ids"], batch["attention_mask"])
+    details = [max(1 - z[p].item() for p in group) for group in groups]  # decoding's rule, inverted
+    page = words_html(shown)
+    coloured = re.findall(r'data-z="([0-9.]+)"[^>]*>([^<]*)</span>', page)
+    assert [word for _, word in coloured] == expected[0].words and "1 = detail" in page and "1 − z" in page
+    assert [float(value) for value, _ in coloured] == pytest.approx([round(d, 4) for d in details], abs=1e-4)
+    assert [float(value) for value, _ in coloured] != [round(z, 4) for z in expected[0].z]  # not raw z
     assert z_table(shown) == [[word, *(round(row.z[i], 4) for row in expected)] for i, word in enumerate(expected[0].words)]  # fmt: skip
     assert figure(shown).size == png_size(expected)  # the figure code's own heat map of every layer
-    # `cdnpg granularity --show` prints the same values
+    # `cdnpg granularity --show` prints the detail the rules read, then raw z of every layer
     assert main(["granularity", "--model", str(calibrated), "--device", "cpu", SENTENCE, "--show"]) == 0
     printed = capsys.readouterr().out
-    for word, z in zip(expected[0].words, expected[0].z):
-        assert re.search(rf"{re.escape(word)}\s+{z:.2f}", printed), word
-    # a checkpoint without calibration: the top layer
+    assert printed.index("Detail as novelty and keep details read it") < printed.index("Encoder self-attention")
+    for word, detail, z in zip(expected[0].words, details, expected[0].z):
+        assert re.search(rf"{re.escape(word)}\s+{detail:.2f}\n", printed), word
+        assert re.search(rf"{re.escape(word)}\s+{z:.2f}\s", printed), word
+    # a checkpoint without calibration: the top layer's z as it is
     uncalibrated = demo.model.generation_config
-    layer, caption = uncalibrated.novelty_z_layer, None
+    layer = uncalibrated.novelty_z_layer
     try:
         del uncalibrated.novelty_z_layer
         top = granularity_of(demo, SENTENCE)
-        layer_shown, caption = top.layer, top.caption
     finally:
         uncalibrated.novelty_z_layer = layer
-    assert layer_shown == demo.model.config.encoder_layers - 1 and "not calibrated" in caption
+    assert top.layer == demo.model.config.encoder_layers - 1 and "not calibrated" in top.caption
+    assert top.details.z == pytest.approx(top.rows[-1].z, abs=1e-6)  # the top layer's z, not inverted
 
 
 def test_bad_input_is_one_line_on_the_page_not_an_error(demo):
@@ -358,7 +372,7 @@ def test_cdnpg_demo_serves_the_page_in_a_browser(calibrated, hub_pipeline, tmp_p
     for candidate in expected:  # the page starts at the checkpoint's defaults
         assert candidate["generated_text"] in shown["paraphrases"]
     demo = load_demo(str(calibrated), device="cpu")
-    row = granularity_of(demo, SENTENCE).rows[0]  # the calibrated layer
+    row = granularity_of(demo, SENTENCE).details  # what the rules read
     assert shown["words"] == [(word, round(z, 4)) for word, z in zip(row.words, row.z)]
     assert shown["figure"] and (tmp_path / "demo.png").stat().st_size > 10_000
 
