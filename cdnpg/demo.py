@@ -276,7 +276,7 @@ def words_html(granularity: Granularity) -> str:
 
 
 def z_table(granularity: Granularity) -> list[list[Any]]:
-    """One row per word: the word and its z in every encoder layer, to 4 decimals (the shown layer's is coloured)."""
+    """One row per word: the word and its z in every encoder layer as the model computes it, to 4 decimals."""
     if granularity.error:
         return []
     rows = granularity.rows
