@@ -335,7 +335,7 @@ def build_app(demo: Demo) -> gr.Blocks:
         gr.Markdown(
             f"## C-DNPG paraphraser: `{demo.name}`\nEach word of the input has a granularity z (0 = sentence-level "
             "template, 1 = phrase-level detail). **Novelty** rewords the template; **keep details** pulls the "
-            "input's details (high z) into the paraphrase."
+            "input's details (the words coloured red below) into the paraphrase."
         )
         if demo.card_note:  # as the model card says it, first
             gr.Markdown(f"> {demo.card_note}", elem_id="card_note")
