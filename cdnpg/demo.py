@@ -9,13 +9,16 @@ What the page shows comes from the functions below, which a test can call withou
 
 - `paraphrase_text`: the paraphrases, best first, each with its score: exactly what the checkpoint's
   `pipeline("text2text-generation", ...)` returns for the same settings (the pipeline is called, nothing decodes
-  beside it), with one line per problem (empty input, unknown words only, an input cut to the model's limit).
+  beside it), with one line per problem: the pipeline's own (empty input, unknown words only, an input cut to the
+  model's limit, settings it refuses).
 - `granularity_of`: z of every encoder layer per word, `cdnpg.granularity.word_granularities` as `cdnpg granularity`
-  computes it; the layer whose words the page colours is the one decoding reads (the generation config's calibrated
-  `novelty_z_layer`, else the top layer); the paper's Figure 2 of every layer is `cdnpg.figures.render_png`'s.
+  computes it (the paper's Figure 2, `cdnpg.figures.render_png`'s, and the table), and what the page colours: how much
+  each word counts as a detail for novelty and keep details (`cdnpg.granularity.word_details`: the layer and the
+  orientation decoding reads, 1 = detail even where calibration inverted z).
 
 Bad input never raises out of these functions: each returns a one-line message in place of results, so the page says
-what is wrong and keeps serving. On the page, requests are decoded one at a time (Gradio's queue, one worker shared
+what is wrong and keeps serving. The values are checked once, where they are used: the page's sliders and dropdown
+refuse what they do not offer (Gradio's own message), and `ParaphraseSettings` refuses what the pipeline cannot take. On the page, requests are decoded one at a time (Gradio's queue, one worker shared
 by both events): a CPU gains nothing from two decodes at once, and a burst is answered in turn.
 
 gradio is imported only where the page is built (`build_app`, `launch`): the rest imports without it.
@@ -24,10 +27,17 @@ gradio is imported only where the page is built (`build_app`, `launch`): the res
 from __future__ import annotations
 
 import html
-import math
+import itertools
+import socket
+import subprocess
+import sys
 import tempfile
+import time
+import urllib.request
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +61,8 @@ EXAMPLES = (  # Quora-like questions of about 12 words
     "how long does it take to get from london to paris by train ?",
 )
 CONCURRENCY = "model"  # the one queue both events share: one decode at a time
+FIGURE_WORDS = 24  # words Figure 2 draws: its drawing time grows with them; the coloured words and the table show all
+START_SECONDS = 180  # a page server's start: model load and gradio's, on a busy 2-core machine
 
 
 @dataclass
@@ -59,13 +71,16 @@ class Demo:
 
     paraphraser: the checkpoint's text2text pipeline. name: how the page names the model. defaults: the starting
     value of each control, from the generation config (`defaults`). rankings: the `rank_by` values offered.
-    similarity_model: the sentence embedder's folder, for a ranking that weighs similarity (None: none offered)."""
+    similarity_model: the sentence embedder's folder, for a ranking that weighs similarity (None: none offered).
+    card_note: what the model card says first, as a quote (`card_note`: "A demo model, not a paraphraser. ..."),
+    which the page shows under its title; None where the card says nothing of the kind."""
 
     paraphraser: CDNPGText2TextPipeline
     name: str
     defaults: dict[str, Any]
     rankings: tuple[str, ...]
     similarity_model: str | None = None
+    card_note: str | None = None
     _similarity: SentenceSimilarity | None = field(default=None, repr=False)
 
     @property
@@ -88,8 +103,8 @@ class Demo:
 @dataclass
 class Paraphrases:
     """What one request gets: `candidates` as the pipeline returned them (best first, `generated_text`, `score` and
-    its parts), `notes` (one line each: fewer candidates than asked, an input cut to the model's limit), or `error`
-    (one line, no candidates)."""
+    its parts), `notes` (the pipeline's warnings, one line each: fewer candidates than asked, an input cut to the
+    model's limit), or `error` (one line, no candidates)."""
 
     candidates: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
@@ -98,15 +113,15 @@ class Paraphrases:
 
 @dataclass
 class Granularity:
-    """z of every encoder layer per word (`word_granularities`), the index of the row the page colours (`layer`,
-    into `rows`), why that one (`caption`) and `notes` (an input cut to the model's limit); or `error` (one line, no
-    rows)."""
+    """z of every encoder layer per word (`word_granularities`, the paper's Figure 2), how much each word counts as a
+    detail for the rules (`details`: `word_details`, what the page colours), the layer they read (`layer`, into
+    `rows`) and how (`caption`); or `error` (one line, no rows)."""
 
     rows: list[LayerRow]
+    details: LayerRow | None = None
     layer: int = -1
     caption: str = ""
     error: str | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -129,28 +144,45 @@ def ranking_label(rank_by: str | dict[str, float]) -> str:
 
 
 def defaults(model, embedder: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Where the controls start, and the rankings offered: novelty, keep_details and rank_by from the checkpoint's
-    paraphrasing defaults (`generation_cdnpg.paraphrasing_defaults`; 0, 0 and "score" where it sets none),
-    DEFAULT_PARAPHRASES paraphrases. The checkpoint's own rank_by is always offered; those weighing similarity only
-    with an `embedder`."""
-    from modeling_cdnpg.generation_cdnpg import paraphrasing_defaults
+    """Where the controls start, and the rankings offered: novelty, keep_details and rank_by as the pipeline reads
+    them when called without them (`ParaphraseSettings.from_generation_config`: the checkpoint's paraphrasing
+    defaults, else the settings' own), DEFAULT_PARAPHRASES paraphrases. The checkpoint's own rank_by is always
+    offered; those weighing similarity only with an `embedder`."""
+    from modeling_cdnpg.generation_cdnpg import ParaphraseSettings
 
-    own = paraphrasing_defaults(model.generation_config)
-    rank_by = ranking_label(own.get("rank_by", "score"))
+    own = ParaphraseSettings.from_generation_config(model.generation_config)
+    rank_by = ranking_label(own.rank_by)
     offered = RANKINGS + (SIMILARITY_RANKINGS if embedder else ())
     if rank_by not in offered:
         offered = (rank_by, *offered)
-    return {
-        "novelty": float(own.get("novelty", 0.0)),
-        "keep_details": float(own.get("keep_details", 0.0)),
-        "num_paraphrases": DEFAULT_PARAPHRASES,
-        "rank_by": rank_by,
-    }, offered
+    start = {"novelty": own.novelty, "keep_details": own.keep_details, "num_paraphrases": DEFAULT_PARAPHRASES}
+    return start | {"rank_by": rank_by}, offered
+
+
+def card_note(source: str) -> str | None:
+    """The model card's first quoted paragraph (its lines that start with "> "), e.g. the warning of a model trained
+    on the synthetic template corpus; None without one, or where the card (README.md of the folder, else of the Hub
+    repo) cannot be read."""
+    card = Path(source) / "README.md"
+    try:
+        if not card.is_file():
+            from huggingface_hub import hf_hub_download
+
+            card = Path(hf_hub_download(source, "README.md"))
+        lines = card.read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError):  # no card, or no Hub to ask: the page shows none
+        return None
+    start = next((i for i, line in enumerate(lines) if line.startswith("> ")), None)
+    if start is None:
+        return None
+    quote = [line[2:] for line in itertools.takewhile(lambda line: line.startswith("> "), lines[start:])]
+    return " ".join(quote)
 
 
 def load_demo(name_or_path: str, device: str = "auto", trust_remote_code: bool = False) -> Demo:
     """The checkpoint (`cdnpg.inference.load_model`: a folder or a Hub id, a `InputError` of one line when it cannot be
-    loaded) as its text2text pipeline, and the page's starting values (`defaults`)."""
+    loaded) as its text2text pipeline, the page's starting values (`defaults`) and its card's note (`card_note`)."""
+    from cdnpg.hub import resolve_model_source
     from cdnpg.inference import load_model
     from modeling_cdnpg.pipeline_cdnpg import CDNPGText2TextPipeline
 
@@ -158,7 +190,7 @@ def load_demo(name_or_path: str, device: str = "auto", trust_remote_code: bool =
     paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device=model.device)
     embedder = similarity_model()
     start, offered = defaults(model, embedder)
-    return Demo(paraphraser, name_or_path, start, offered, embedder)
+    return Demo(paraphraser, name_or_path, start, offered, embedder, card_note(resolve_model_source(name_or_path)))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -172,55 +204,14 @@ def _line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _strength(name: str, value: Any) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        return f"{name} must be a number from 0 to 1, got {value!r}"
-    return None
-
-
-def check_request(
-    demo: Demo, text: Any, novelty: Any, keep_details: Any, num_paraphrases: Any, rank_by: Any
-) -> str | None:
-    """The one-line problem of a request, or None: a text that is not a string or is blank, a strength outside
-    [0, 1] (NaN included), a count outside 1..MAX_PARAPHRASES, a ranking not offered."""
-    if not isinstance(text, str) or not text.strip():
-        return "The input is empty: type a sentence to paraphrase."
-    problem = _strength("novelty", novelty) or _strength("keep details", keep_details)
-    if problem:
-        return problem[0].upper() + problem[1:] + "."
-    whole = isinstance(num_paraphrases, (int, float)) and not isinstance(num_paraphrases, bool)
-    if not whole or not math.isfinite(num_paraphrases) or num_paraphrases != int(num_paraphrases):
-        return (
-            f"The number of paraphrases must be a whole number from 1 to {MAX_PARAPHRASES}, got {num_paraphrases!r}."
-        )
-    if not 1 <= num_paraphrases <= MAX_PARAPHRASES:
-        return f"The number of paraphrases must be from 1 to {MAX_PARAPHRASES}, got {int(num_paraphrases)}."
-    if rank_by not in demo.rankings:
-        return f"rank_by {rank_by!r} is not one this page offers: {', '.join(demo.rankings)}."
-    return None
-
-
 def unreadable_input(demo: Demo, text: str) -> str | None:
     """Why the pipeline paraphrases nothing of `text` (`pipeline_cdnpg.unreadable`), as a line for the page."""
     from modeling_cdnpg.pipeline_cdnpg import unreadable
 
+    if not isinstance(text, str) or not text.strip():
+        return "The input is empty: type a sentence to paraphrase."
     problem = unreadable(demo.tokenizer, text)
     return f"The input {problem}: nothing to paraphrase." if problem else None
-
-
-def truncation_note(demo: Demo, text: str) -> str | None:
-    """The line saying that `text` is longer than the model takes, with its token count and the limit
-    (`pipeline_cdnpg.input_limit`): the pipeline and the granularity both read its first `limit` tokens."""
-    from modeling_cdnpg.pipeline_cdnpg import input_limit
-
-    limit, reason = input_limit(demo.model, demo.tokenizer)
-    tokens = len(demo.tokenizer(text, verbose=False)["input_ids"])
-    if tokens <= limit:
-        return None
-    return (
-        f"The input has {tokens:,} tokens and the model takes {limit:,} ({reason}): only its first {limit:,} tokens "
-        "are paraphrased and shown."
-    )
 
 
 def paraphrase_text(
@@ -228,99 +219,64 @@ def paraphrase_text(
 ) -> Paraphrases:
     """The checkpoint's pipeline called on `text` with these settings, as `pipeline("text2text-generation", ...)`
     returns it: `novelty`, `keep_details`, `num_return_sequences` and `rank_by` given (so every candidate has its
-    score), the sentence embedder with a ranking that weighs similarity. A problem with the request is the
-    `Paraphrases.error` line (`check_request`, `unreadable_input`), never an exception."""
+    score), the sentence embedder with a ranking that weighs similarity; the pipeline's warnings are the notes. An
+    input with nothing to paraphrase (`unreadable_input`), or settings the pipeline refuses (`ParaphraseSettings`'
+    ValueError), is the `Paraphrases.error` line, never an exception."""
     from cdnpg.ranking import needs_similarity, parse_ranking
 
-    problem = check_request(demo, text, novelty, keep_details, num_paraphrases, rank_by)
-    problem = problem or unreadable_input(demo, text)
-    if problem:
+    if problem := unreadable_input(demo, text):
         return Paraphrases([], error=problem)
-    ranking = parse_ranking(rank_by)
-    settings: dict[str, Any] = {"novelty": float(novelty), "keep_details": float(keep_details),
-                                "num_return_sequences": int(num_paraphrases), "rank_by": ranking}  # fmt: skip
-    try:
-        if needs_similarity(ranking):
-            settings["similarity"] = demo.similarity()
-    except (OSError, ValueError) as err:
-        return Paraphrases([], error=f"The sentence embedder of rank_by {rank_by!r} cannot be loaded: {_line(err)}")
-    notes = [note] if (note := truncation_note(demo, text)) else []
-    with warnings.catch_warnings(record=True) as caught:  # the pipeline's: fewer candidates, an uncalibrated z
+    settings: dict[str, Any] = {"novelty": novelty, "keep_details": keep_details,
+                                "num_return_sequences": num_paraphrases}  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:  # the pipeline's: truncated, fewer candidates, uncalibrated
         warnings.simplefilter("always")
         try:
+            settings["rank_by"] = parse_ranking(rank_by)
+            if needs_similarity(settings["rank_by"]):
+                try:
+                    settings["similarity"] = demo.similarity()
+                except OSError as err:
+                    return Paraphrases([], error=f"The sentence embedder cannot be loaded: {_line(err)}")
             candidates = demo.paraphraser(text, **settings)
-        except ValueError as err:  # settings the checkpoint's generation config contradicts: its own message
+        except ValueError as err:  # ParaphraseSettings', or the checkpoint's config's: its own message
             return Paraphrases([], error=f"The pipeline refused these settings: {_line(err)}")
-    notes += list(dict.fromkeys(str(warning.message) for warning in caught))
-    return Paraphrases(candidates, notes)
-
-
-def shown_layer(model) -> tuple[int, str]:
-    """The encoder layer whose z the page colours, as an index into `word_granularities`' rows, and why: the one
-    novelty and keep_details read (`novelty_z_layer`, set by `cdnpg.calibration`), else the top one."""
-    from modeling_cdnpg.generation_cdnpg import DEFAULT_LAYER
-
-    config = model.generation_config
-    layers = model.config.encoder_layers
-    if getattr(config, "novelty_z_layer", None) is None:
-        return DEFAULT_LAYER % layers, f"encoder layer {layers} (the top one: this checkpoint's z is not calibrated)"
-    layer = config.novelty_z_layer % layers
-    reads = "; novelty reads 1 − z as detail" if getattr(config, "novelty_z_inverted", False) else ""
-    return layer, f"encoder layer {layer + 1} (the calibrated layer that novelty and keep details read{reads})"
+    return Paraphrases(candidates, list(dict.fromkeys(str(warning.message) for warning in caught)))
 
 
 def granularity_of(demo: Demo, text: str) -> Granularity:
-    """z per word of every encoder layer for `text` (`word_granularities`, as `cdnpg granularity` computes it) and
-    the layer the page colours (`shown_layer`); an input the model cannot read, or a checkpoint without z, is the
+    """z per word of every encoder layer for `text` (`word_granularities`, as `cdnpg granularity` computes it), and
+    how much each word counts as a detail for novelty and keep details (`word_details`, in the layer and orientation
+    they read: `rules_reading`); an input the model cannot read, or a checkpoint without z, is the
     `Granularity.error` line."""
-    from cdnpg.granularity import GranularityUnavailableError, word_granularities
+    from cdnpg.granularity import rules_reading, word_details, word_granularities
 
-    if not isinstance(text, str) or not text.strip():
-        return Granularity([], error="The input is empty: no words to colour.")
     if problem := unreadable_input(demo, text):
         return Granularity([], error=problem)
     try:
         rows = word_granularities(demo.model, demo.tokenizer, text)
-    except GranularityUnavailableError as err:
+        details = word_details(demo.model, demo.tokenizer, text)
+    except ValueError as err:  # GranularityUnavailableError included
         return Granularity([], error=f"No z to show: {err}.")
-    except ValueError as err:
-        return Granularity([], error=f"No z to show: {err}.")
-    layer, caption = shown_layer(demo.model)
-    notes = [note] if (note := truncation_note(demo, text)) else []
-    return Granularity(rows, layer, caption, notes=notes)
+    layer, _, caption = rules_reading(demo.model)
+    return Granularity(rows, details, layer, caption)
 
 
 def words_html(granularity: Granularity) -> str:
-    """The input's words, each on the colour of its z in the shown layer (`cdnpg.figures.z_to_rgb`, the figure's
-    scale), z in its tooltip and `data-z`; the layer and the scale in a caption."""
-    from cdnpg.figures import SCALE_LABEL, _hex, _text_rgb, z_to_rgb
+    """The input's words on the colours of how much each counts as a detail for the rules (`cdnpg.figures.words_html`,
+    the figure's scale: 1, red, is a detail whichever way calibration oriented z), the value on hover, how it is read
+    in the caption; or the error line."""
+    from cdnpg.figures import words_html as coloured_words
+    from cdnpg.granularity import DETAIL_ENDS
 
     if granularity.error:
         return f'<p class="cdnpg-z-error">{html.escape(granularity.error)}</p>'
-    row = granularity.rows[granularity.layer]
-    spans = []
-    for word, z in zip(row.words, row.z):
-        background = z_to_rgb(z)
-        style = (f"background:{_hex(background)};color:{_hex(_text_rgb(background))};padding:0.15em 0.4em;"
-                 "margin:0.15em;border-radius:4px;display:inline-block;font-family:ui-monospace,monospace")  # fmt: skip
-        spans.append(
-            f'<span class="cdnpg-word" data-z="{z:.4f}" title="z = {z:.2f}" style="{style}">{html.escape(word)}</span>'
-        )
-    scale = ", ".join(f"{_hex(z_to_rgb(z / 10))}" for z in range(11))
-    legend = (
-        f'<div style="display:flex;align-items:center;gap:0.6em;font-size:0.85em;margin-top:0.5em">'
-        f'<span>0</span><span style="width:12em;height:0.8em;border-radius:3px;'
-        f'background:linear-gradient(to right, {scale})"></span><span>1</span>'
-        f"<span>{html.escape(SCALE_LABEL)}</span></div>"
-    )
-    caption = f'<p style="font-size:0.85em;margin:0 0 0.3em 0">z of {html.escape(granularity.caption)}:</p>'
-    return (
-        f'<div class="cdnpg-z" data-layer="{html.escape(row.name)}">{caption}<div>{"".join(spans)}</div>{legend}</div>'
-    )
+    details = granularity.details
+    caption = f"How much each word counts as a detail for novelty and keep details ({granularity.caption}):"
+    return coloured_words(details.words, details.z, caption, DETAIL_ENDS, name="detail")
 
 
 def z_table(granularity: Granularity) -> list[list[Any]]:
-    """One row per word: the word and its z in every encoder layer, to 4 decimals (the shown layer's is coloured)."""
+    """One row per word: the word and its z in every encoder layer as the model computes it, to 4 decimals."""
     if granularity.error:
         return []
     rows = granularity.rows
@@ -328,16 +284,20 @@ def z_table(granularity: Granularity) -> list[list[Any]]:
 
 
 def figure(granularity: Granularity) -> Image | None:
-    """The paper's Figure 2 for the input, every encoder layer (`cdnpg.figures.render_png`), as an image; None
-    without rows."""
+    """The paper's Figure 2 for the input, every encoder layer (`cdnpg.figures.render_png`), of its first
+    FIGURE_WORDS words (so that a long input is drawn as quickly as a question), as an image; None without rows."""
     from PIL import Image as PILImage
 
     from cdnpg.figures import render_png
 
     if granularity.error:
         return None
+    rows = granularity.rows
+    if len(rows[0].words) > FIGURE_WORDS:
+        shown = f"{' '.join(rows[0].words[:FIGURE_WORDS])} … (its first {FIGURE_WORDS} of {len(rows[0].words)} words)"
+        rows = [replace(row, words=row.words[:FIGURE_WORDS], z=row.z[:FIGURE_WORDS], sentence=shown) for row in rows]
     with tempfile.TemporaryDirectory() as folder:
-        path = render_png(granularity.rows, Path(folder) / "granularity.png")
+        path = render_png(rows, Path(folder) / "granularity.png")
         with PILImage.open(path) as image:
             image.load()
             return image.copy()
@@ -355,7 +315,7 @@ def _status(error: str | None, notes: list[str]) -> str:
 
 def build_app(demo: Demo) -> gr.Blocks:
     """The page: the input, novelty / keep details / paraphrases / rank_by (from the checkpoint's defaults), a button
-    and examples; then the paraphrases with their scores and the pipeline's own output, the words coloured by z with
+    and examples; then the paraphrases with their scores and the pipeline's own output, the words coloured by detail with
     their values, and Figure 2. The button's event `paraphrase` (`paraphrase_text`) and then `granularity`
     (`granularity_of`) are the page's API, one request at a time (queue of one worker)."""
     import gradio as gr
@@ -375,8 +335,10 @@ def build_app(demo: Demo) -> gr.Blocks:
         gr.Markdown(
             f"## C-DNPG paraphraser: `{demo.name}`\nEach word of the input has a granularity z (0 = sentence-level "
             "template, 1 = phrase-level detail). **Novelty** rewords the template; **keep details** pulls the "
-            "input's details (high z) into the paraphrase."
+            "input's details (the words coloured red below) into the paraphrase."
         )
+        if demo.card_note:  # as the model card says it, first
+            gr.Markdown(f"> {demo.card_note}", elem_id="card_note")
         text = gr.Textbox(label="Input", placeholder="type a sentence, e.g. a question", lines=2, elem_id="input")
         with gr.Row():
             novelty = gr.Slider(0, 1, value=start["novelty"], step=0.05, label="novelty", elem_id="novelty")
@@ -391,12 +353,13 @@ def build_app(demo: Demo) -> gr.Blocks:
                                interactive=False, elem_id="paraphrases")  # fmt: skip
         with gr.Accordion("The pipeline's output", open=False):
             output = gr.JSON(label='pipeline("text2text-generation", ...) with these settings')
-        gr.Markdown("### The input's words, coloured by z (hover for the value)")
+        gr.Markdown("### The input's words, coloured by how much each counts as a detail (hover for the value)")
         words = gr.HTML(elem_id="words")
-        with gr.Accordion("z per word and layer", open=False):
+        with gr.Accordion("z per word and layer, as the model computes it", open=False):
             values = gr.Dataframe(headers=["word", *(f"encoder {i}" for i in range(1, layers + 1))],
                                   interactive=False, elem_id="z_table")  # fmt: skip
-        gr.Markdown("### The paper's Figure 2 for the input: z of every encoder layer")
+        gr.Markdown(f"### The paper's Figure 2 for the input: z of every encoder layer as the model computes it, "
+                    f"before calibration (up to {FIGURE_WORDS} words)")  # fmt: skip
         image = gr.Image(show_label=False, type="pil", format="png", elem_id="figure", interactive=False)
         inputs = [text, novelty, keep, count, rank_by]
         shared = {"concurrency_limit": 1, "concurrency_id": CONCURRENCY}
@@ -415,17 +378,81 @@ def launch(app: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, sha
     return app.local_url
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# A page served by a process of its own (`cdnpg demo`, a Space's app.py): for scripts, benchmarks and tests
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (the system's choice)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serves(url: str) -> bool:
+    """Whether `url` answers HTTP 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as page:
+            return page.status == 200
+    except OSError:
+        return False
+
+
+def demo_command(model: str, port: int, *options: str) -> list[str]:
+    """`cdnpg demo --model MODEL --port PORT [options]` of this Python."""
+    return [sys.executable, "-m", "cdnpg.cli", "demo", "--model", model, "--port", str(port), *options]
+
+
+@contextmanager
+def served(
+    command: Sequence[str], port: int, timeout: float = START_SECONDS, **popen: Any
+) -> Iterator[tuple[str, float]]:
+    """Run `command`, a page server on 127.0.0.1:`port` (`demo_command`, or a Space's app.py with GRADIO_SERVER_PORT
+    in `popen`'s env), in a process of its own, and wait for its page: yields its address and the seconds from the
+    start to the page's first HTTP 200, then stops it (terminate, then kill) and reaps it. A server that exits first,
+    or serves nothing in `timeout` seconds, is a RuntimeError ending with its stderr (kept in a file: a chatty server
+    never blocks on a full pipe)."""
+    url = f"http://127.0.0.1:{port}/"
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as errors:
+        began = time.perf_counter()
+        server = subprocess.Popen(list(command), stdout=subprocess.DEVNULL, stderr=errors, text=True, **popen)
+
+        def failure(why: str) -> RuntimeError:
+            errors.seek(0)
+            return RuntimeError(f"{' '.join(command[1:])} {why}; its stderr ends: {errors.read()[-2000:]}")
+
+        try:
+            while not serves(url):
+                if server.poll() is not None:
+                    raise failure(f"exited with {server.returncode} before serving")
+                if time.perf_counter() - began > timeout:
+                    raise failure(f"served nothing in {timeout:.0f} s")
+                time.sleep(0.1)
+            yield url, time.perf_counter() - began
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
 __all__ = [
     "Demo",
     "Granularity",
     "Paraphrases",
     "build_app",
-    "check_request",
     "defaults",
+    "demo_command",
+    "free_port",
     "granularity_of",
     "launch",
     "load_demo",
     "paraphrase_text",
+    "served",
+    "serves",
     "words_html",
     "z_table",
 ]

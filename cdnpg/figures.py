@@ -8,6 +8,7 @@ and labels around it need.
 
 from __future__ import annotations
 
+import functools
 import html
 import itertools
 import math
@@ -113,9 +114,20 @@ def _shorten(word: str, limit: int) -> str:
     return word if len(word) <= limit else word[: limit - 1] + "…"
 
 
+@functools.cache
+def _drawable() -> frozenset[int]:
+    """The characters matplotlib's default font has glyphs for."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    return frozenset(FT2Font(font_manager.findfont(font_manager.FontProperties())).get_charmap())
+
+
 def _mpl_text(text: str, word_limit: int = TITLE_WORD_MAX_CHARS) -> str:
-    """Text for matplotlib: words shortened to `word_limit`, "$" escaped (so that "$5 or $6" is not mathematics)."""
-    return " ".join(_shorten(word, word_limit) for word in text.split(" ")).replace("$", r"\$")
+    """Text for matplotlib: the characters its font cannot draw left out (a word of none of them is "?"), words
+    shortened to `word_limit`, "$" escaped (so that "$5 or $6" is not mathematics)."""
+    drawn = ["".join(c for c in word if ord(c) in _drawable()) or ("?" if word else "") for word in text.split(" ")]
+    return " ".join(_shorten(word, word_limit) for word in drawn).replace("$", r"\$")
 
 
 def _draw_panel(axes: Axes, panel: _Panel, cmap) -> None:
@@ -233,19 +245,55 @@ h2 { font-size: 1em; font-weight: 600; margin-top: 1.6em; overflow-wrap: anywher
 table { border-collapse: separate; border-spacing: 3px; }
 th { text-align: right; font-weight: normal; color: #555; padding-right: 0.8em; white-space: nowrap; }
 td { padding: 0; }
-.w { display: block; padding: 0.25em 0.5em; border-radius: 4px; text-align: center; white-space: nowrap;
-     font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; cursor: default; }
-.legend { margin-top: 2em; display: flex; align-items: center; gap: 0.8em; font-size: 0.9em; }
-.bar { width: 18em; height: 1em; border-radius: 3px; }
+td .cdnpg-word { display: block; margin: 0; text-align: center; }
+.cdnpg-legend { margin-top: 2em; }
 .note { color: #555; font-size: 0.9em; }
 """
 
 
-def render_html(rows: Sequence[LayerRow], path: str | os.PathLike[str] | None = None) -> str:
-    """A self-contained HTML page (inline CSS, no external assets): per layer a row of words coloured by z, z in
-    each word's tooltip, and a legend. Written to `path` when given; returned either way."""
-    esc = html.escape
+WORD_STYLE = ("padding:0.25em 0.5em;margin:0.15em;border-radius:4px;display:inline-block;white-space:nowrap;"
+              'font-family:ui-monospace,"SFMono-Regular",Menlo,monospace;cursor:default')  # fmt: skip
+SCALE_ENDS = ("0 = sentence-level template", "1 = phrase-level detail")
+
+
+def word_span(word: str, value: float, tooltip: str) -> str:
+    """One word as an HTML span on the colour of `value` (`z_to_rgb`), styled inline (it needs no style sheet), the
+    value in `data-z` and `tooltip` on hover."""
+    background = z_to_rgb(value)
+    style = f"background:{_hex(background)};color:{_hex(_text_rgb(background))};{WORD_STYLE}"
+    return (
+        f'<span class="cdnpg-word" data-z="{value:.4f}" style="{style}" title="{html.escape(tooltip)}">'
+        f"{html.escape(word)}</span>"
+    )
+
+
+def legend_html(ends: tuple[str, str] = SCALE_ENDS) -> str:
+    """The colour scale from 0 to 1 as an HTML bar between its two `ends`, styled inline."""
     gradient = ", ".join(f"{_hex(rgb)} {round(z * 100)}%" for z, rgb in COLOR_STOPS)
+    return (
+        '<div class="cdnpg-legend" style="display:flex;align-items:center;gap:0.8em;font-size:0.9em;margin-top:0.5em">'
+        f'<span>{html.escape(ends[0])}</span><span style="width:18em;height:1em;border-radius:3px;'
+        f'background:linear-gradient(to right, {gradient})"></span><span>{html.escape(ends[1])}</span></div>'
+    )
+
+
+def words_html(
+    words: Sequence[str], values: Sequence[float], caption: str, ends: tuple[str, str] = SCALE_ENDS, name: str = "z"
+) -> str:
+    """A fragment for a page: `caption`, then the words in a row, each on the colour of its value (`word_span`,
+    "`name` = value" on hover), then the legend of the scale (`legend_html`)."""
+    spans = "".join(word_span(word, value, f"{name} = {value:.2f}") for word, value in zip(words, values))
+    return (
+        f'<div class="cdnpg-words"><p style="font-size:0.85em;margin:0 0 0.3em 0">{html.escape(caption)}</p>'
+        f"<div>{spans}</div>{legend_html(ends)}</div>"
+    )
+
+
+def render_html(rows: Sequence[LayerRow], path: str | os.PathLike[str] | None = None) -> str:
+    """A self-contained HTML page (inline CSS, no external assets): per layer a row of words coloured by z
+    (`word_span`), z in each word's tooltip, and a legend (`legend_html`). Written to `path` when given; returned
+    either way."""
+    esc = html.escape
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',
@@ -259,18 +307,14 @@ def render_html(rows: Sequence[LayerRow], path: str | os.PathLike[str] | None = 
         parts.append(f"<h2>{esc(_panel_title(panel))}</h2>")
         parts.append("<table>")
         for row in panel.rows:
-            cells = []
-            for word, z in zip(row.words, row.z):
-                background = z_to_rgb(z)
-                style = f"background:{_hex(background)};color:{_hex(_text_rgb(background))}"
-                tooltip = f"{word}: z = {z:.2f} ({row.name})"
-                cells.append(f'<td><span class="w" style="{style}" title="{esc(tooltip)}">{esc(word)}</span></td>')
-            parts.append(f"<tr><th>{esc(row.name)}</th>{''.join(cells)}</tr>")
+            cells = "".join(
+                f"<td>{word_span(word, z, f'{word}: z = {z:.2f} ({row.name})')}</td>"
+                for word, z in zip(row.words, row.z)
+            )
+            parts.append(f"<tr><th>{esc(row.name)}</th>{cells}</tr>")
         parts.append("</table>")
     parts += [
-        '<div class="legend"><span>0 = sentence-level template</span>',
-        f'<span class="bar" style="background: linear-gradient(to right, {gradient})"></span>',
-        "<span>1 = phrase-level detail</span></div>",
+        legend_html(),
         f'<p class="note">z (eq. 4 of Gu et al., 2022) of each layer\'s granularity head. {esc(AGGREGATION_NOTE)} '
         "Hover a word for its value.</p>",
         "</body>",
@@ -307,7 +351,8 @@ def render_text(rows: Sequence[LayerRow], color: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-FIGURE_SUFFIXES = (".png", ".svg", ".pdf", ".html", ".htm")  # what `render` writes
+HTML_SUFFIXES = (".html", ".htm")  # `render` writes a page (`render_html`); else a matplotlib figure
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf", *HTML_SUFFIXES)  # what `render` writes
 
 
 def _ansi(code: int, rgb: tuple[int, int, int]) -> str:
@@ -318,7 +363,7 @@ def _ansi(code: int, rgb: tuple[int, int, int]) -> str:
 def render(rows: Sequence[LayerRow], path: str | os.PathLike[str]) -> Path:
     """Write `rows` to `path` as HTML (.html, .htm) or a matplotlib figure (.png, .svg, .pdf)."""
     path = Path(path)
-    if path.suffix.lower() in (".html", ".htm"):
+    if path.suffix.lower() in HTML_SUFFIXES:
         render_html(rows, path)
         return path
     return render_png(rows, path)

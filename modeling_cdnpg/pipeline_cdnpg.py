@@ -12,14 +12,9 @@ from .generation_cdnpg import SETTINGS, Z_SETTINGS, enough_beams, paraphrase, pa
 logger = logging.get_logger(__name__)
 
 NO_LIMIT = 10**6  # transformers' "no limit" model_max_length is 1e30; anything this large is no real limit
-PARTS = {  # a candidate's keys: the fields of paraphrase()'s output they come from
-    "score": "sequences_scores",
-    "log_likelihood": "log_likelihoods",
-    "source_overlap": "source_overlaps",
-    "details_kept": "details_kept",
-    "reverse_log_likelihood": "reverse_log_likelihoods",
-    "similarity": "similarities",
-}
+PARTS = {"score": "sequences_scores", "log_likelihood": "log_likelihoods", "source_overlap": "source_overlaps",
+         "details_kept": "details_kept", "reverse_log_likelihood": "reverse_log_likelihoods",
+         "similarity": "similarities"}  # a candidate's keys: the fields of paraphrase()'s output they come from # fmt: skip
 SHOWN_CHARACTERS = 40  # of an input named in a warning
 PARAPHRASING = tuple(key for key in (*SETTINGS, *Z_SETTINGS) if key != "num_return_sequences")  # not generate()'s
 
@@ -39,6 +34,14 @@ def unreadable(tokenizer: PreTrainedTokenizerBase, text: str) -> str | None:
     if tokenizer.unk_token_id is not None and all(token == tokenizer.unk_token_id for token in ids):
         return f"has only tokens unknown to the tokenizer (all {tokenizer.unk_token}): its vocabulary cannot read it"
     return None
+
+
+def unread_text(tokenizer: PreTrainedTokenizerBase, text: str) -> str:
+    """The characters of `text` (spaces aside) that a fast tokenizer reads as unknown or drops ("" for a slow one)."""
+    found = tokenizer(text, add_special_tokens=False, return_offsets_mapping=tokenizer.is_fast, verbose=False)
+    spans = zip(found["input_ids"], found.get("offset_mapping") or [(0, len(text))] * len(found["input_ids"]))
+    read = {i for token, (start, end) in spans if token != tokenizer.unk_token_id for i in range(start, end)}
+    return "".join(character for i, character in enumerate(text) if i not in read and not character.isspace())
 
 
 def input_limit(model, tokenizer: PreTrainedTokenizerBase) -> tuple[int, str]:
@@ -75,13 +78,15 @@ class CDNPGText2TextPipeline(Pipeline):
         if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
             return super().__call__(inputs, **kwargs)  # a generator or a dataset: streamed as is
         limit, reason = input_limit(self.model, self.tokenizer)
-        problems = []
-        for number, text in zip(input_numbers or range(1, len(texts) + 1), texts):
-            problems.append(unreadable(self.tokenizer, text))
-            if problems[-1]:
-                logger.warning("input %d %s: no paraphrase", number, problems[-1])
+        problems = [unreadable(self.tokenizer, text) for text in texts]
+        for number, text, problem in zip(input_numbers or range(1, len(texts) + 1), texts, problems):
+            if problem:
+                logger.warning("input %d %s: no paraphrase", number, problem)
             elif note := truncated(len(self.tokenizer(text, verbose=False)["input_ids"]), limit, reason):
-                logger.warning("input %d %s", number, note)
+                warnings.warn(f"input {number} {note}", UserWarning, stacklevel=2)
+            if not problem and (lost := unread_text(self.tokenizer, text)):  # e.g. a script it has no words of
+                said = f"cannot read {len(lost)} of its {len(''.join(text.split()))} characters: {lost[:SHOWN_CHARACTERS]!r}"
+                warnings.warn(f"input {number}: the model {said} (unknown to its tokenizer)", stacklevel=2)
         readable = [text for text, problem in zip(texts, problems) if not problem]
         paraphrases = iter(super().__call__(readable, **kwargs) if readable else [])
         results = [[] if problem else next(paraphrases) for problem in problems]
@@ -118,13 +123,11 @@ class CDNPGText2TextPipeline(Pipeline):
 
     def postprocess(self, model_outputs: dict[str, torch.Tensor], clean_up_tokenization_spaces: bool = True):
         parts = {key: model_outputs[key][0].tolist() for key in PARTS if key in model_outputs}
-        results = []
+        results, spaces = [], clean_up_tokenization_spaces
         for rank, ids in enumerate(model_outputs["output_ids"][0]):
             if parts and parts["score"][rank] == float("-inf"):  # no candidate for this slot
                 continue
-            text = self.tokenizer.decode(
-                ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
-            )
+            text = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=spaces)
             results.append({"generated_text": text, **{key: values[rank] for key, values in parts.items()}})
         wanted = model_outputs["output_ids"].shape[1]
         if len(results) < wanted:
@@ -135,4 +138,4 @@ class CDNPGText2TextPipeline(Pipeline):
         return results
 
 
-__all__ = ["CDNPGText2TextPipeline", "FewerCandidatesWarning", "input_limit", "truncated", "unreadable"]
+__all__ = ["CDNPGText2TextPipeline", "FewerCandidatesWarning", "input_limit", "truncated", "unread_text", "unreadable"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -35,24 +34,13 @@ def chromium() -> str | None:
 
 @contextmanager
 def serve(model: str, port: int | None = None, extra: list[str] | None = None) -> Iterator[str]:
-    """`cdnpg demo --model MODEL` of this Python in a process of its own: yields the address it prints, then stops it
-    (terminate, then kill) and reaps it. A server that exits first is a RuntimeError with its stderr."""
-    command = [sys.executable, "-m", "cdnpg.cli", "demo", "--model", model, *(["--port", str(port)] if port else [])]
-    process = subprocess.Popen([*command, *(extra or [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = process.stdout.readline().strip()  # the address, once the page serves; "" when it exits
-        if not line.startswith("http"):
-            process.kill()
-            _, err = process.communicate(timeout=30)
-            raise RuntimeError(f"cdnpg demo exited with {process.returncode}: {err.strip()[-2000:]}")
-        yield line
-    finally:
-        process.terminate()
-        try:
-            process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
+    """`cdnpg demo --model MODEL` of this Python in a process of its own, waited for (`cdnpg.demo.served`): yields
+    its address, then stops it. A server that exits first is a RuntimeError with its stderr."""
+    from cdnpg.demo import demo_command, free_port, served
+
+    port = port or free_port()
+    with served(demo_command(model, port, *(extra or [])), port, timeout=START_SECONDS) as (url, _):
+        yield url
 
 
 def use_page(url: str, sentence: str, screenshot: Path | str, timeout_s: float = 90) -> dict:

@@ -226,14 +226,33 @@ def test_the_pipeline_says_a_long_input_is_truncated_in_the_clis_words_and_nothi
     library = logging.getLogger("transformers")  # it does not propagate: listened to directly
     library.addHandler(caplog.handler)
     try:
-        with caplog.at_level("WARNING"):
+        with caplog.at_level("WARNING"), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             found = paraphraser([SENTENCE, long_line], num_beams=2, max_new_tokens=4)
     finally:
         library.removeHandler(caplog.handler)
     assert [len(candidates) for candidates in found] == [1, 1]
-    assert [record.getMessage() for record in caplog.records] == [said]
+    assert [str(warning.message) for warning in caught] == [said] and caplog.records == []  # a warning, not a log
     assert main(["paraphrase", "--model", str(model_dir), "--num-beams", "2", "--max-new-tokens", "4", SENTENCE,
                  long_line]) == 0  # fmt: skip
+    assert f"cdnpg: warning: {said}" in capsys.readouterr().err.splitlines()
+
+
+def test_the_pipeline_and_the_cli_say_how_much_of_the_input_the_model_cannot_read(model_dir, loaded, capsys):
+    """Characters the tokenizer reads as [UNK] (here CJK: "我怎样才能快速学习Python编程？" is read as "python") are
+    counted and shown in the pipeline's warning, which `cdnpg paraphrase` prints as is; an input it reads whole gets
+    none."""
+    model, tokenizer = loaded
+    paraphraser = CDNPGText2TextPipeline(model=model, tokenizer=tokenizer, device="cpu")
+    text = "我怎样才能快速学习Python编程？"
+    said = (
+        "input 1: the model cannot read 12 of its 18 characters: '我怎样才能快速学习编程？' (unknown to its tokenizer)"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        paraphraser([text, SENTENCE], num_beams=2, max_new_tokens=4)
+    assert [str(warning.message) for warning in caught if "cannot read" in str(warning.message)] == [said]
+    assert main(["paraphrase", "--model", str(model_dir), "--num-beams", "2", "--max-new-tokens", "4", text]) == 0
     assert f"cdnpg: warning: {said}" in capsys.readouterr().err.splitlines()
 
 
@@ -564,6 +583,21 @@ def test_render_html_escapes_words_and_has_tooltips_and_legend():
     assert "sentence-level template" in page and "phrase-level detail" in page
     assert "largest z of its word pieces" in page
     assert page.count("<tr>") == 3
+
+
+def test_the_figure_leaves_out_what_its_font_cannot_draw_and_warns_of_no_missing_glyph(tmp_path, caplog):
+    """CJK characters (no glyph in matplotlib's default font) are left out of the title and the labels, a word of
+    nothing else is "?": the figure is drawn without matplotlib's "Glyph ... missing" warnings."""
+    from cdnpg.figures import _mpl_text, render_png
+
+    rows = rows_for(["我怎样才能", "python", "编程？", "?"])
+    assert _mpl_text(rows[0].sentence) == "? python ? ?"
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("WARNING"):
+        warnings.simplefilter("always")
+        render_png(rows, tmp_path / "cjk.png")
+    said = [str(warning.message) for warning in caught] + [record.getMessage() for record in caplog.records]
+    assert not [line for line in said if "missing" in line.lower()], said
+    assert png_dimensions(tmp_path / "cjk.png") == png_size(rows)
 
 
 def test_colour_scale_ends_and_middle():
