@@ -622,8 +622,9 @@ def augment_to_folder(
     output = Path(output_dir)
     check_output_dir(output)
     state = PartialState(cpu=not torch.cuda.is_available())
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched > 1 and state.num_processes == 1:
+    from cdnpg.training.checks import unconnected_processes
+
+    if launched := unconnected_processes(state.num_processes):
         raise InputError(
             f"{launched} processes were launched but not connected: each would paraphrase everything. On CPUs launch "
             "with --multi_gpu (accelerate's name for several processes) or --config_file "

@@ -315,3 +315,14 @@ def test_the_library_sits_below_the_command_line():
     names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert "cdnpg.inference" in names and not {"cdnpg.commands", "cdnpg.cli", "cdnpg"} & names
+
+
+def test_processes_launched_but_not_connected_count_as_a_launch_that_augment_refuses(monkeypatch):
+    """A launcher's WORLD_SIZE of 2 with one process each (accelerate without --multi_gpu on CPUs) is what augment
+    refuses, as training does: each process would paraphrase every row into the same folder."""
+    from cdnpg.training.checks import unconnected_processes
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert unconnected_processes(1) == 0
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert (unconnected_processes(1), unconnected_processes(2)) == (2, 0)

@@ -16,12 +16,18 @@ from cdnpg.training.arguments import CDNPGTrainingArguments, UsageError
 logger = logging.getLogger("cdnpg.training")
 
 
+def unconnected_processes(num_processes: int) -> int:
+    """How many processes a launcher started together (its WORLD_SIZE) when they run as `num_processes` = 1 unconnected
+    ones, each doing all the work; 0 when they are connected, or when one process was started."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    return launched if launched > 1 and num_processes == 1 else 0
+
+
 def check_distributed_launch(args: CDNPGTrainingArguments) -> None:
     """Processes that a launcher started together must train together. accelerate turns FSDP and multi-GPU configs
     into unconnected single processes where there is no GPU: each would train the whole model on all the data and
     write the same files as the others."""
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched > 1 and args.world_size == 1:
+    if launched := unconnected_processes(args.world_size):
         raise UsageError(
             f"{launched} processes were launched but run as {launched} separate single-process runs writing to the "
             "same output_dir. Without GPUs accelerate runs only DDP on CPUs: launch with "
