@@ -254,14 +254,14 @@ def run_paraphrase(args: argparse.Namespace) -> int:
 
 
 def _format(source: str, candidates: list[dict[str, str | float]], jsonl: bool) -> str:
-    """One output line: the candidates separated by tabs, each followed by its score (with --novelty,
-    --keep-details, --rank-by or --candidates); or JSON."""
+    """One output line: the candidates separated by tabs, each followed by its score to 3 decimals (with --novelty,
+    --keep-details, --rank-by or --candidates); or JSON, with the scores to 4. Each rounds the score once: -4.00854,
+    rounded to 4 decimals and then to 3, would print -4.008."""
     texts = [candidate["generated_text"] for candidate in candidates]
-    scores = [round(candidate["score"], 4) for candidate in candidates if "score" in candidate]
+    scores = [candidate["score"] for candidate in candidates if "score" in candidate]
     if jsonl:
-        return json.dumps(
-            {"source": source, "paraphrases": texts, **({"scores": scores} if scores else {})}, ensure_ascii=False
-        )
+        rounded = {"scores": [round(score, 4) for score in scores]} if scores else {}
+        return json.dumps({"source": source, "paraphrases": texts, **rounded}, ensure_ascii=False)
     if scores:
         return "\t".join(f"{text}\t{score:.3f}" for text, score in zip(texts, scores))
     return "\t".join(texts)

@@ -15,6 +15,17 @@ compat() {
 }
 compat &
 compat_pid=$!
+# a non-editable install with the train extras (and WordNet): tests/test_training.py builds a wheel of the checkout,
+# installs it there and runs training/run.py from another directory, as a user of `pip install .[train]` would. Its
+# torch installs while .venv does; the checkout itself only once setup.sh has built its editable install, as two
+# builds in one folder would write the same build files.
+wheel_base() {
+  [ -x .venv-wheel/bin/python ] || "$PYTHON" -m venv .venv-wheel
+  .venv-wheel/bin/python -m pip install --quiet --upgrade pip
+  .venv-wheel/bin/python -m pip install --quiet torch==2.13.0 "setuptools>=64" wheel
+}
+wheel_base &
+wheel_pid=$!
 bash scripts/setup.sh test
 # Debian's chromium for the browser test of the demo page (tests/test_demo.py drives it through playwright, from the
 # test extra); where it cannot be installed, that test skips and says why
@@ -27,17 +38,12 @@ browser() {
 }
 browser &
 browser_pid=$!
-wait "$compat_pid"
-
-# a non-editable install with the train extras (and WordNet): tests/test_training.py builds a wheel of the checkout,
-# installs it there and runs training/run.py from another directory, as a user of `pip install .[train]` would
-[ -x .venv-wheel/bin/python ] || "$PYTHON" -m venv .venv-wheel
-.venv-wheel/bin/python -m pip install --quiet --upgrade pip
-.venv-wheel/bin/python -m pip install --quiet torch==2.13.0 "setuptools>=64" wheel
+wait "$wheel_pid"
 .venv-wheel/bin/python -m pip install --quiet ".[train]"
 .venv-wheel/bin/python training/install_wordnet.py
 
 wait "$browser_pid"
+wait "$compat_pid"
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

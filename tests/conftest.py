@@ -83,6 +83,19 @@ def cache_of(output):
     return getattr(output, CACHE_NAME)
 
 
+# Two processes decoding the same input with the same checkpoint compute a candidate's score, a mean of float32
+# log-probabilities, with the same operations; a kernel chosen at run time, or another batch shape, may add in another
+# order, which moves a score of a few nats by about 1e-6. This bound holds that with room to spare.
+ACROSS_PROCESSES = 1e-4
+
+
+def printed_scores(score: float, tolerance: float = ACROSS_PROCESSES) -> set[str]:
+    """What the command line may print (3 decimals) for a score that another process computed as `score`: the
+    rounding of any value within `tolerance` of it. Rounding is monotonic and the tolerance is below half a printed
+    unit, so the interval's two ends give them all: one string, or two when `score` lies beside a rounding boundary."""
+    return {f"{score - tolerance:.3f}", f"{score + tolerance:.3f}"}
+
+
 @pytest.fixture(autouse=True)
 def logging_levels_restored():
     """A benchmark's or run.py's main() called in-process sets transformers' verbosity for the whole process, as a

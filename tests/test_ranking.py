@@ -24,7 +24,7 @@ from cdnpg.errors import InputError
 from cdnpg.ranking import SentenceSimilarity, default_similarity_model, mean_pooling, parse_ranking
 from modeling_cdnpg import CDNPGForConditionalGeneration, CDNPGText2TextPipeline
 from modeling_cdnpg.generation_cdnpg import MAX_PENALTY, granularity_processors, paraphrase
-from tests.conftest import SOURCES
+from tests.conftest import SOURCES, printed_scores
 from tests.test_cli import run_cli
 
 NOVELTY = 0.5
@@ -422,7 +422,8 @@ def test_cli_rank_by_and_candidates_print_what_the_pipeline_returns(paraphraser_
                     similarity=SentenceSimilarity.from_pretrained(embedder_dir), num_return_sequences=2,
                     max_new_tokens=10, num_beams=4)  # fmt: skip
     assert fields[0::2] == [" ".join(c["generated_text"].split()) for c in expected]
-    assert [float(score) for score in fields[1::2]] == [pytest.approx(c["score"], abs=1e-3) for c in expected]
+    assert len(fields[1::2]) == len(expected)
+    assert all(score in printed_scores(c["score"]) for score, c in zip(fields[1::2], expected))  # another process
 
 
 @pytest.mark.parametrize(
