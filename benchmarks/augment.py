@@ -16,7 +16,7 @@ What it compares, each as a ratio of sentences per second (the median of rounds,
   input, both with `--max-rows 2000` (greedy decoding of 8 tokens: what is measured is the reading).
 
 The default run decodes about 5,000 sentences by beam search with the MiniLM-sized model, a few sentences per second
-per core: most of an hour on 2 CPU cores. Where the default call's time goes (torch.profiler, 32 sentences, one
+per core: most of an hour on 2 CPU cores (docs/augment.md's table is of a shorter run, its command there). Where the default call's time goes (torch.profiler, 32 sentences, one
 thread): the linear layers (aten::addmm, the vocabulary projection of 8 beams the largest) about 60%, the beam
 bookkeeping (log-softmax over the vocabulary, top-k, reordering the cache) about 20%, attention about 10%.
 
