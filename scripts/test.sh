@@ -6,25 +6,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 
+# A virtualenv DIR with PACKAGES (torch pinned to the local CPU build: an unpinned one pulls a multi-GB CUDA build).
+venv_with() {
+  local dir=$1
+  shift
+  [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir"
+  "$dir/bin/python" -m pip install --quiet --upgrade pip
+  "$dir/bin/python" -m pip install --quiet "$@"
+}
 # transformers 4.57.x beside the current 5.x: checkpoints saved here must load there with trust_remote_code. It builds
 # nothing in the checkout, so it installs while .venv does.
-compat() {
-  [ -x .venv-compat/bin/python ] || "$PYTHON" -m venv .venv-compat
-  .venv-compat/bin/python -m pip install --quiet --upgrade pip
-  .venv-compat/bin/python -m pip install --quiet torch==2.13.0 "transformers==4.57.*" safetensors
-}
-compat &
+venv_with .venv-compat torch==2.13.0 "transformers==4.57.*" safetensors &
 compat_pid=$!
 # a non-editable install with the train extras (and WordNet): tests/test_training.py builds a wheel of the checkout,
 # installs it there and runs training/run.py from another directory, as a user of `pip install .[train]` would. Its
 # torch installs while .venv does; the checkout itself only once setup.sh has built its editable install, as two
 # builds in one folder would write the same build files.
-wheel_base() {
-  [ -x .venv-wheel/bin/python ] || "$PYTHON" -m venv .venv-wheel
-  .venv-wheel/bin/python -m pip install --quiet --upgrade pip
-  .venv-wheel/bin/python -m pip install --quiet torch==2.13.0 "setuptools>=64" wheel
-}
-wheel_base &
+venv_with .venv-wheel torch==2.13.0 "setuptools>=64" wheel &
 wheel_pid=$!
 bash scripts/setup.sh test
 # Debian's chromium for the browser test of the demo page (tests/test_demo.py drives it through playwright, from the
