@@ -16,6 +16,9 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import sysconfig
 import tempfile
 import traceback
@@ -46,6 +49,36 @@ SHARED = ROOT.parent / "shared"
 TOKENIZER = ROOT / "tests" / "data" / "tokenizer"
 MASKS = ("resonance", "scope", "product", "mean", "none")
 PAD, BOS, EOS = 0, 1, 2
+
+
+def two_machine_ranks(argv: list[str], env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+    """docs/distributed.md's several-machine launch with both machines on this one: two `accelerate launch` commands
+    (the shipped DDP config), one per --machine_rank with one process each, meeting at 127.0.0.1 on a free port, each
+    running `argv` (a script and its arguments, or `-m module ...`) from the checkout. Both are waited for; each
+    result's stderr is kept."""
+    with socket.socket() as probe:  # a free port for the rendezvous, as a user picks one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                str(ROOT / "training" / "configs" / "accelerate" / "ddp.yaml"), "--num_machines", "2",
+                "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]  # fmt: skip
+    machines = [
+        subprocess.Popen(
+            [*launcher, "--machine_rank", str(rank), *argv],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        logs = [machine.communicate(timeout=600)[1] for machine in machines]
+    finally:
+        for machine in machines:
+            machine.kill()
+    return [subprocess.CompletedProcess(m.args, m.returncode, None, log) for m, log in zip(machines, logs)]
 
 
 def tiny_config(**overrides) -> CDNPGConfig:

@@ -10,7 +10,6 @@ import ast
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,10 +25,10 @@ from cdnpg.cli import main
 from cdnpg.errors import InputError
 from cdnpg.inference import new_tokens
 from cdnpg.training.output_dir import lock_files
+from tests.conftest import two_machine_ranks
 from tests.test_cli import CORPUS, save_tiny, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-DDP_CONFIG = ROOT / "training" / "configs" / "accelerate" / "ddp.yaml"
 LONG = " ".join(CORPUS[:4])  # over the paper's 20 tokens: its paraphrase may be longer, so it is batched apart
 ROWS = 30
 CHUNK = 2  # 15 shards: more than 10, so that their order is more than one digit's
@@ -160,29 +159,8 @@ def test_two_processes_write_what_one_process_writes(single_run, model_dir, data
 def test_two_machine_ranks_over_loopback_write_what_one_process_writes(single_run, model_dir, data_file, tmp_path):
     """docs/augment.md's several-machine launch, both machines on this one, sharing the output folder."""
     output = tmp_path / "machines"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(DDP_CONFIG),
-                "--num_machines", "2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
-                "--main_process_port", str(port)]  # fmt: skip
-    machines = [
-        subprocess.Popen(
-            [*launcher, "--machine_rank", str(rank), "-m", "cdnpg", *command(model_dir, data_file, output)],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=ENV,
-        )
-        for rank in (0, 1)
-    ]
-    try:
-        logs = [machine.communicate(timeout=600)[1] for machine in machines]
-    finally:
-        for machine in machines:
-            machine.kill()
-    assert [machine.returncode for machine in machines] == [0, 0], [log[-3000:] for log in logs]
+    machines = two_machine_ranks(["-m", "cdnpg", *command(model_dir, data_file, output)], ENV)
+    assert [machine.returncode for machine in machines] == [0, 0], [machine.stderr[-3000:] for machine in machines]
     assert read_back(output).to_list() == single_run["dataset"].to_list()
 
 

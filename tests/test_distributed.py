@@ -9,8 +9,6 @@ import json
 import os
 import re
 import shutil
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from cdnpg.training import main
+from tests.conftest import two_machine_ranks
 from tests.test_training import ROOT, TINY, run
 
 DDP_WRAPPER_BREAK = re.compile(
@@ -207,33 +206,12 @@ def test_two_machine_ranks_over_loopback_run_every_stage_and_predict_what_one_pr
     machine's 2 processes train, write one model and one predictions file, and the saved model decoded by one
     process predicts the same."""
     output = tmp_path / "two-machines"
-    with socket.socket() as probe:  # a free port for the rendezvous, as a user picks one
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     argv = [str(ROOT / "tests" / "run_probe.py"), "--output_dir", str(output), *TINY, *STAGES,
             "--tokenizer_name", str(ddp_runs["tokenizer"]), "--use_cpu", "True", "--max_steps", "4",
             "--granularity_mask", "product", "--per_device_train_batch_size", "8"]  # fmt: skip
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(DDP_CONFIG),
-                "--num_machines", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-                "--num_processes", "2"]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "warning"}
-    machines = [
-        subprocess.Popen(
-            [*launcher, "--machine_rank", str(rank), *argv],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for rank in (0, 1)
-    ]
-    try:
-        logs = [machine.communicate(timeout=600)[1] for machine in machines]
-    finally:
-        for machine in machines:
-            machine.kill()
-    assert [machine.returncode for machine in machines] == [0, 0], [log[-3000:] for log in logs]
+    machines = two_machine_ranks(argv, env)
+    assert [machine.returncode for machine in machines] == [0, 0], [machine.stderr[-3000:] for machine in machines]
     assert "x 2 devices (DDP)" in (output / "README.md").read_text()
     # the same training as one machine's 2 processes: the same weights, predictions and scores
     for name, weight in load_file(ddp_runs["eager"] / "model.safetensors").items():
