@@ -136,12 +136,12 @@ def test_the_controls_start_at_the_checkpoints_own_defaults(demo, checkpoint):
 
 
 def test_the_page_of_a_demo_model_says_it_is_no_paraphraser_as_its_card_does(demo, calibrated, tmp_path):
-    """A model of the synthetic template corpus: its card's first words (`render_model_card(dataset="template")`)
+    """A model of the synthetic template corpus: its card's first words (`render_model_card(demo_corpus=True)`)
     stand under the page's title; a card without such a note adds nothing."""
     from cdnpg.hub import render_model_card
 
     folder = Path(shutil.copytree(calibrated, tmp_path / "template-model"))
-    (folder / "README.md").write_text(render_model_card(demo.model, "template-model", dataset="template"))
+    (folder / "README.md").write_text(render_model_card(demo.model, "template-model", demo_corpus=True))
     shown = load_demo(str(folder), device="cpu")
     assert shown.card_note.startswith("**A demo model, not a paraphraser.**") and "do not use them" in shown.card_note
     notes = [block.value for block in build_app(shown).blocks.values() if block.elem_id == "card_note"]

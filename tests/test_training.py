@@ -770,7 +770,8 @@ def test_run_py_with_the_package_installed_from_a_wheel_saves_everything(tmp_pat
     output = workdir / "out"
     run(docstring_command(files, output), launcher=[WHEEL_PYTHON], script=RUN_PY, cwd=workdir)
     assert (output / "model.safetensors").is_file() and (output / "modeling_cdnpg.py").is_file()
-    assert "mydata/train.jsonl" in (output / "README.md").read_text()
+    card = (output / "README.md").read_text()  # local files by name in its text, never as a Hub dataset
+    assert "the local files train.jsonl (" in card and "mydata" not in card
     assert len((output / "predictions.jsonl").read_text().splitlines()) == 8
     assert_scores_are_those_of_the_predictions(output)
 
