@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README.md, .ci/run): installs everything on a fresh machine, checks style and runs the suite, whose
-# remote-code tests also run in a transformers 4.57.x environment (.venv-compat) and whose training test also runs
-# from a wheel install (.venv-wheel). Arguments are passed to pytest.
+# remote-code tests also run in a transformers 4.57.x environment (.venv-compat), whose training test also runs from a
+# wheel install (.venv-wheel) and whose Space test runs in the Space's own environment (.venv-space). Arguments are
+# passed to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -14,19 +15,35 @@ venv_with() {
   "$dir/bin/python" -m pip install --quiet --upgrade pip
   "$dir/bin/python" -m pip install --quiet "$@"
 }
-# transformers 4.57.x beside the current 5.x: checkpoints saved here must load there with trust_remote_code. It builds
-# nothing in the checkout, so it installs while .venv does.
+# A copy of the checkout for the side environments to build from, so that their builds never write the build files
+# that setup.sh's editable install writes here: all of them install at once.
+build_copy=$(mktemp -d)
+trap 'rm -rf "$build_copy"' EXIT
+"$PYTHON" -c 'import shutil, sys; shutil.copytree(".", sys.argv[1], ignore=shutil.ignore_patterns(
+    ".*", "build", "dist", "runs", "*.egg-info", "__pycache__", "*.whl"))' "$build_copy/cdnpg"
+# transformers 4.57.x beside the current 5.x: checkpoints saved here must load there with trust_remote_code
 venv_with .venv-compat torch==2.13.0 "transformers==4.57.*" safetensors &
 compat_pid=$!
-# a non-editable install with the train extras (and WordNet): tests/test_training.py builds a wheel of the checkout,
-# installs it there and runs training/run.py from another directory, as a user of `pip install .[train]` would. Its
-# torch installs while .venv does; the checkout itself only once setup.sh has built its editable install, as two
-# builds in one folder would write the same build files.
-venv_with .venv-wheel torch==2.13.0 "setuptools>=64" wheel &
+# a non-editable install with the train extras (and WordNet, below): tests/test_training.py builds a wheel of the
+# checkout, installs it there and runs training/run.py from another directory, as a user of `pip install .[train]`
+venv_with .venv-wheel torch==2.13.0 "setuptools>=64" wheel "$build_copy/cdnpg[train]" &
 wheel_pid=$!
+# the demo Space as Spaces build it: a clean virtualenv with the gradio of its README's sdk_version, then its
+# requirements.txt alone, which names the wheel built beside it as docs/demo.md builds it; tests/test_demo.py runs
+# the Space's app.py with that Python
+space_venv() {
+  local space="$build_copy/space" venv="$PWD/.venv-space"
+  rm -rf "$venv"  # anew each time: a package left from an earlier requirements.txt would hide a missing one
+  cp -r spaces/cdnpg-demo "$space"
+  "$PYTHON" -m pip wheel --quiet --no-deps -w "$space" "$build_copy/cdnpg"
+  venv_with "$venv" torch==2.13.0 "gradio==$(sed -n 's/^sdk_version: //p' "$space/README.md")"
+  (cd "$space" && "$venv/bin/python" -m pip install --quiet -r requirements.txt)
+}
+space_venv &
+space_pid=$!
 bash scripts/setup.sh test
 # Debian's chromium for the browser test of the demo page (tests/test_demo.py drives it through playwright, from the
-# test extra); where it cannot be installed, that test skips and says why
+# test extra); where it cannot be installed, that test skips and says why. After setup.sh: one apt-get at a time.
 browser() {
   command -v chromium >/dev/null 2>&1 && return 0
   as_root=""
@@ -37,20 +54,18 @@ browser() {
 browser &
 browser_pid=$!
 wait "$wheel_pid"
-.venv-wheel/bin/python -m pip install --quiet ".[train]"
-.venv-wheel/bin/python training/install_wordnet.py
-
+.venv-wheel/bin/python training/install_wordnet.py  # after setup.sh, which installs Debian's WordNet
 wait "$browser_pid"
 wait "$compat_pid"
+wait "$space_pid"
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 # Two pytest-xdist workers on one thread each (a tiny model gains nothing from a second thread, and two workers with
-# two threads each would wait on each other's cores); then the tests marked `serial`, which start several processes
-# of their own, alone. The 30 slowest tests of each part are listed.
+# two threads each would wait on each other's cores). The tests marked `serial` start processes of their own on every
+# core: they run one after another on one worker (tests/conftest.py), while the other worker runs the rest. The 30
+# slowest tests are listed.
 export CDNPG_COMPAT_PYTHON="$PWD/.venv-compat/bin/python" CDNPG_WHEEL_PYTHON="$PWD/.venv-wheel/bin/python"
+export CDNPG_SPACE_PYTHON="$PWD/.venv-space/bin/python"
 export OMP_NUM_THREADS=1
-status=0
-.venv/bin/python -m pytest -q -n 2 --dist loadgroup -m "not serial" --durations=30 "$@" || status=$?
-.venv/bin/python -m pytest -q -m serial --durations=30 "$@" || [ $? -eq 5 ] || status=1  # 5: none selected
-exit $status
+exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"

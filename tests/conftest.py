@@ -418,3 +418,12 @@ def pytest_runtest_call(item):
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "transformers_deprecation: uses a name transformers deprecated, on purpose")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items) -> None:
+    """The tests marked `serial` start processes of their own on every core: with `--dist loadgroup` they run one
+    after another on one worker, so that no two of them run at once."""
+    for item in items:
+        if item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.xdist_group("serial"))

@@ -390,7 +390,9 @@ def test_the_space_installs_cdnpg_from_its_requirements_alone(calibrated, tmp_pa
     gradio of its sdk_version and then its requirements.txt alone, app.py run by that Python outside the checkout.
     A package that cdnpg's page needs and requirements.txt does not bring fails here. torch==2.13.0 is installed
     first, as the CPU build that scripts/setup.sh installs: from the index, torch>=2.4 alone resolves to a multi-GB
-    CUDA build (Spaces bring theirs). A relative CDNPG_MODEL is a folder beside app.py, wherever it runs from."""
+    CUDA build (Spaces bring theirs). A relative CDNPG_MODEL is a folder beside app.py, wherever it runs from.
+    scripts/test.sh builds that virtualenv the same way while it installs the rest (CDNPG_SPACE_PYTHON); here the
+    wheel just built is installed into it, so that app.py runs this checkout's code."""
     space = tmp_path / "space"
     space.mkdir()
     for name in SPACE_FILES:
@@ -406,12 +408,19 @@ def test_the_space_installs_cdnpg_from_its_requirements_alone(calibrated, tmp_pa
     assert [path.name for path in space.glob("*.whl")] == [Path(wheel).name], "requirements.txt names the built wheel"
 
     environment = {key: value for key, value in os.environ.items() if key not in ("CDNPG_MODEL", "PYTHONPATH")}
-    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
-    python = str(tmp_path / "venv" / "bin" / "python")
-    for step in (["torch==2.13.0", f"gradio=={gradio.__version__}"], ["-r", "requirements.txt"]):
+    if python := os.environ.get("CDNPG_SPACE_PYTHON"):
+        steps = [["--no-deps", "--force-reinstall", wheel]]
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+        python = str(tmp_path / "venv" / "bin" / "python")
+        steps = [["torch==2.13.0", f"gradio=={gradio.__version__}"], ["-r", "requirements.txt"]]
+    for step in steps:
         done = subprocess.run([python, "-m", "pip", "install", "-q", *step], cwd=space, env=environment,
                               capture_output=True, text=True)  # fmt: skip
         assert done.returncode == 0, (step, done.stderr[-3000:])
+    versions = subprocess.run([python, "-c", "import gradio; print(gradio.__version__)"], env=environment,
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    assert versions.stdout.strip() == gradio.__version__  # sdk_version's gradio, the one tested here
     where = subprocess.run([python, "-c", "import cdnpg, modeling_cdnpg; print(cdnpg.__file__, modeling_cdnpg.__file__)"],
                            cwd=space, env=environment, capture_output=True, text=True)  # fmt: skip
     assert all("site-packages" in path for path in where.stdout.split()), where  # installed, not the checkout's

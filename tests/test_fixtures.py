@@ -101,3 +101,12 @@ print(json.dumps([weights_digest(train_tiny_paraphraser(tokenizer, "resonance", 
         for gate in (None, "learned")
     ]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
+
+
+@pytest.mark.serial
+def test_a_serial_test_is_in_the_serial_group_that_one_worker_runs(request):
+    """scripts/test.sh runs the suite with `-n 2 --dist loadgroup`: the tests marked `serial` share one group, which
+    one worker runs test after test, so that no two of them start their processes at once."""
+    if not getattr(request.config.option, "loadgroup", False):  # set by pytest-xdist in its workers
+        pytest.skip("runs under pytest-xdist's --dist loadgroup, as scripts/test.sh runs the suite")
+    assert request.node.nodeid.endswith("@serial"), request.node.nodeid
