@@ -11,8 +11,12 @@ parts that `--parts` chooses among (default: all three; a part not run is absent
 - in-process: `cdnpg augment` against today's `cdnpg paraphrase --input FILE --output FILE.jsonl`, the same model
   and settings, each command as a user runs it (in this process: model loading included); each speed-up on and off:
   the batch size, `torch.inference_mode` against `torch.no_grad`, the static cache against the dynamic one (the
-  model's own beam search, where transformers takes a cache implementation); the model's default call (novelty 0.25,
-  the Quora recipe's) against plain beam search of the same checkpoint;
+  model's own beam search, where transformers takes a cache implementation), and the static cache with the model's
+  forward compiled (`torch.compile(fullgraph=True)` on a second copy of the model, `--compile-backend`: inductor;
+  `--quick`: dynamo's eager backend, the same graph without inductor's C++ compilation, half a minute even for the
+  tiny model on 2 CPU cores) against the dynamic one, its warm-up, compiling for every batch shape the rounds decode,
+  kept as `compile_seconds`; the model's default call (novelty 0.25, the Quora recipe's) against plain beam search
+  of the same checkpoint;
 - processes: 2 processes against 1 on 2 cores, one thread each (`accelerate launch --multi_gpu --num_processes 2`
   against `python -m cdnpg augment`, whole commands: start-up included);
 - memory: peak memory (the command's process, its maximum resident set) reading a 1,000,000-row input against a
@@ -96,11 +100,16 @@ def rate(call, texts: list[str]) -> float:
     return len(texts) / (time.perf_counter() - start)
 
 
-def in_process(args: argparse.Namespace, model_dir: Path, texts: list[str], work: Path) -> dict[str, list[float]]:
-    """The comparisons inside one process: each call once on a few sentences (warm-up), then `args.rounds` rounds
-    on `texts`, the calls of a round in turn, each round starting one call later."""
+def in_process(
+    args: argparse.Namespace, model_dir: Path, texts: list[str], work: Path
+) -> tuple[dict[str, list[float]], float]:
+    """The comparisons inside one process, and the seconds the compiled call's warm-up took: each call once on a few
+    sentences (warm-up; the compiled call on `texts` themselves, compiling for every batch shape the rounds decode),
+    then `args.rounds` rounds on `texts`, the calls of a round in turn, each round starting one call later."""
     torch.set_num_threads(args.threads)
     paraphraser = paraphraser_for(str(model_dir), device="cpu")
+    compiled = paraphraser_for(str(model_dir), device="cpu")  # a model of its own: the other calls stay eager
+    compiled.model.forward = torch.compile(compiled.model.forward, backend=args.compile_backend, fullgraph=True)
     batch_size = args.batch_size
 
     def command(name: str, argv: list[str]) -> None:
@@ -127,11 +136,15 @@ def in_process(args: argparse.Namespace, model_dir: Path, texts: list[str], work
             for start in range(0, len(texts), batch_size):
                 paraphrase(paraphraser, texts[start : start + batch_size])
 
-    def generate(texts: list[str], **settings) -> None:
+    def generate(texts: list[str], pipeline=paraphraser, **settings) -> None:
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
                 batch = texts[start : start + batch_size]
-                paraphraser(batch, batch_size=len(batch), max_new_tokens=20, max_length=None, **settings)
+                pipeline(batch, batch_size=len(batch), max_new_tokens=20, max_length=None, **settings)
+
+    def compiled_static(texts: list[str]) -> None:
+        with torch.compiler.set_stance("fail_on_recompile"):  # a round times compiled code, never a compilation
+            generate(texts, compiled, cache_implementation="static")
 
     calls = {
         "paraphrase --input": old_command,
@@ -141,19 +154,24 @@ def in_process(args: argparse.Namespace, model_dir: Path, texts: list[str], work
         "inference_mode": lambda texts: batches(texts, torch.inference_mode),
         "no_grad": lambda texts: batches(texts, torch.no_grad),
         "static cache": lambda texts: generate(texts, cache_implementation="static"),
+        "compiled static cache": compiled_static,
         "dynamic cache": lambda texts: generate(texts),
         "default call": lambda texts: paraphrase_rows(paraphraser, texts, AugmentSettings(batch_size=batch_size,
                                                                                            **DEFAULT_CALL)),
         "plain beam search": lambda texts: paraphrase_rows(paraphraser, texts, AugmentSettings(batch_size=batch_size)),
     }  # fmt: skip
-    for call in calls.values():
-        call(texts[:4])
+    for name, call in calls.items():
+        if name != "compiled static cache":
+            call(texts[:4])
+    start = time.perf_counter()
+    generate(texts, compiled, cache_implementation="static")
+    compile_seconds = time.perf_counter() - start
     rates: dict[str, list[float]] = {name: [] for name in calls}
     names = list(calls)
     for round_ in range(args.rounds):
         for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
             rates[name].append(rate(calls[name], texts))
-    return rates
+    return rates, compile_seconds
 
 
 def run_command(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
@@ -226,6 +244,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--batch-size", type=int, default=32, help="rows per generate() call of every run (default 32)")
     add("--batch-sizes", type=int, nargs="+", help="the batch sizes compared (default 8 32 64; --quick 4 16)")
     add("--threads", type=int, default=1, help="torch threads of the in-process calls (default 1)")
+    add("--compile-backend", help="torch.compile's backend of the compiled call (default inductor; --quick eager)")
     add("--process-rows", type=int, help="rows of the 1 against 2 processes runs (default 512; --quick 32)")
     add("--process-chunk", type=int, help="--chunk-size of those runs (default 100; --quick 8)")
     add("--memory-rows", type=int, nargs=2, help="the two inputs' rows (default 10000 1000000; --quick 1000 100000)")
@@ -235,7 +254,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     defaults = {"rows": (64, 16), "rounds": (3, 1), "batch_sizes": ([8, 32, 64], [4, 16]),
                 "process_rows": (512, 32), "process_chunk": (100, 8), "memory_rows": ([10_000, 1_000_000],
-                [1_000, 100_000]), "memory_max_rows": (2000, 20)}  # fmt: skip
+                [1_000, 100_000]), "memory_max_rows": (2000, 20),
+                "compile_backend": ("inductor", "eager")}  # fmt: skip
     for name, (full, quick) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -250,6 +270,7 @@ def comparisons(args: argparse.Namespace, rates: dict[str, list[float]], peaks: 
            for size in args.batch_sizes[1:]},
         "inference_mode / no_grad": ("inference_mode", "no_grad"),
         "static cache / dynamic cache": ("static cache", "dynamic cache"),
+        "compiled static cache / dynamic cache": ("compiled static cache", "dynamic cache"),
         "2 processes / 1 process": ("2 processes", "1 process"),
         "default call / plain beam search": ("default call", "plain beam search"),
     }  # fmt: skip
@@ -275,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
         work = Path(folder)
         model_dir = args.model or build_model(work / "model", args.quick)
         if "in-process" in args.parts:
-            rates |= in_process(args, model_dir, sentences(args.rows), work)
+            in_process_rates, results["compile_seconds"] = in_process(args, model_dir, sentences(args.rows), work)
+            rates |= in_process_rates
         if "processes" in args.parts:
             rates |= processes(args, model_dir, work)
         peaks = memory(args, model_dir, work) if "memory" in args.parts else {}

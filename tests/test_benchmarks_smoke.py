@@ -223,8 +223,10 @@ def test_masks_compiled_alone_launch_fewer_kernels_than_aten_masks_and_more_than
 @pytest.mark.slow
 @pytest.mark.serial
 def test_a_quick_augment_run_measures_every_comparison(tmp_path, capsys):
-    """`benchmarks/augment.py --quick`: every comparison measured (finite, positive), the targets judged, the JSON
-    written and report.py's table printed from it. No timing is asserted: a tiny model on a shared machine."""
+    """`benchmarks/augment.py --quick`: every comparison measured (finite, positive), the targets judged, the compiled
+    call's warm-up timed, the JSON written and report.py's table printed from it. The compiled call's rounds run with
+    recompilation forbidden, so the warm-up compiled every batch shape they decode. No timing is asserted: a tiny
+    model on a shared machine."""
     import augment
 
     out = tmp_path / "augment-quick.json"
@@ -233,19 +235,20 @@ def test_a_quick_augment_run_measures_every_comparison(tmp_path, capsys):
     results = json.loads(out.read_text())
     assert set(results["comparisons"]) == {
         "augment / paraphrase --input", "batch size 16 / 4", "inference_mode / no_grad",
-        "static cache / dynamic cache", "2 processes / 1 process", "default call / plain beam search",
-        "peak memory, large / small input",
+        "static cache / dynamic cache", "compiled static cache / dynamic cache", "2 processes / 1 process",
+        "default call / plain beam search", "peak memory, large / small input",
     }  # fmt: skip
     for name, judged in results["comparisons"].items():
         assert math.isfinite(judged["value"]) and judged["value"] > 0, name
     assert {name for name, judged in results["comparisons"].items() if "target" in judged} == set(augment.TARGETS)
     assert set(results["peak_memory_mib"]) == {"1,000 rows", "100,000 rows"}
+    assert results["compile_seconds"] > 0 and "benchmarks/augment.py --quick" in results["command"]
     capsys.readouterr()
     report.main([str(out)])
     assert "| 2 processes / 1 process |" in capsys.readouterr().out
 
 
-def test_a_part_not_run_is_absent_from_the_comparisons_and_the_table(capsys):
+def test_an_augment_part_not_run_is_absent_from_the_comparisons_and_the_table(capsys):
     """`--parts processes` (or `memory`) alone: only that part's comparison, its target judged, and report.py's table
     of it; the parts not run leave no row, NaN or missing key behind."""
     import augment
