@@ -7,16 +7,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 
-# A virtualenv DIR with PACKAGES (torch pinned to the local CPU build: an unpinned one pulls a multi-GB CUDA build).
+bash scripts/setup.sh test  # .venv, with uv, which installs the side environments below too
+
+# A virtualenv DIR (with pip, as `python -m venv` makes it) with PACKAGES, torch pinned to the local CPU build: an
+# unpinned one pulls a multi-GB CUDA build.
 venv_with() {
   local dir=$1
   shift
   [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir"
-  "$dir/bin/python" -m pip install --quiet --upgrade pip
-  "$dir/bin/python" -m pip install --quiet "$@"
+  bash scripts/uv.sh pip install --quiet --python "$dir/bin/python" "$@"
 }
 # A copy of the checkout for the side environments to build from, so that their builds never write the build files
-# that setup.sh's editable install writes here: all of them install at once.
+# of the editable install here: all of them install at once.
 build_copy=$(mktemp -d)
 trap 'rm -rf "$build_copy"' EXIT
 "$PYTHON" -c 'import shutil, sys; shutil.copytree(".", sys.argv[1], ignore=shutil.ignore_patterns(
@@ -24,9 +26,13 @@ trap 'rm -rf "$build_copy"' EXIT
 # transformers 4.57.x beside the current 5.x: checkpoints saved here must load there with trust_remote_code
 venv_with .venv-compat torch==2.13.0 "transformers==4.57.*" safetensors &
 compat_pid=$!
-# a non-editable install with the train extras (and WordNet, below): tests/test_training.py builds a wheel of the
-# checkout, installs it there and runs training/run.py from another directory, as a user of `pip install .[train]`
-venv_with .venv-wheel torch==2.13.0 "setuptools>=64" wheel "$build_copy/cdnpg[train]" &
+# a non-editable install with the train extras and WordNet: tests/test_training.py builds a wheel of the checkout,
+# installs it there and runs training/run.py from another directory, as a user of `pip install .[train]`
+wheel_env() {
+  venv_with .venv-wheel torch==2.13.0 "setuptools>=64" wheel "$build_copy/cdnpg[train]"
+  .venv-wheel/bin/python training/install_wordnet.py
+}
+wheel_env &
 wheel_pid=$!
 # the demo Space as Spaces build it: a clean virtualenv with the gradio of its README's sdk_version, then its
 # requirements.txt alone, which names the wheel built beside it as docs/demo.md builds it; tests/test_demo.py runs
@@ -35,13 +41,12 @@ space_venv() {
   local space="$build_copy/space" venv="$PWD/.venv-space"
   rm -rf "$venv"  # anew each time: a package left from an earlier requirements.txt would hide a missing one
   cp -r spaces/cdnpg-demo "$space"
-  "$PYTHON" -m pip wheel --quiet --no-deps -w "$space" "$build_copy/cdnpg"
+  bash scripts/uv.sh build --quiet --wheel --out-dir "$space" "$build_copy/cdnpg"
   venv_with "$venv" torch==2.13.0 "gradio==$(sed -n 's/^sdk_version: //p' "$space/README.md")"
-  (cd "$space" && "$venv/bin/python" -m pip install --quiet -r requirements.txt)
+  (cd "$space" && bash "$OLDPWD/scripts/uv.sh" pip install --quiet --python "$venv/bin/python" -r requirements.txt)
 }
 space_venv &
 space_pid=$!
-bash scripts/setup.sh test
 # Debian's chromium for the browser test of the demo page (tests/test_demo.py drives it through playwright, from the
 # test extra); where it cannot be installed, that test skips and says why. After setup.sh: one apt-get at a time.
 browser() {
@@ -53,11 +58,10 @@ browser() {
 }
 browser &
 browser_pid=$!
-wait "$wheel_pid"
-.venv-wheel/bin/python training/install_wordnet.py  # after setup.sh, which installs Debian's WordNet
-wait "$browser_pid"
 wait "$compat_pid"
+wait "$wheel_pid"
 wait "$space_pid"
+wait "$browser_pid"
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# uv, as scripts/setup.sh installs it into .venv, with the arguments given (`bash scripts/uv.sh pip install ...`),
+# looking where pip looks for local wheels too (PIP_FIND_LINKS, space-separated; uv reads UV_FIND_LINKS, commas).
+set -euo pipefail
+[ -z "${PIP_FIND_LINKS:-}" ] || export UV_FIND_LINKS="${UV_FIND_LINKS:-${PIP_FIND_LINKS// /,}}"
+exec "$(dirname "$0")/../.venv/bin/uv" "$@"
