@@ -208,6 +208,33 @@ def test_meteor_gives_credit_for_a_wordnet_synonym(metric) -> None:
     assert unrelated == pytest.approx(75 * (1 - 4 / 27))
 
 
+def test_the_wordnet_reader_reads_nltks_synsets_and_meteor_without_nltks_identity_map(pm: ModuleType, wordnet) -> None:
+    """NLTK's own reader of WordNet 3.0 still maps 3.0 onto itself at every load (when this fails, NLTK no longer
+    does, and `WordNet30Reader` can go); the metric's reader does not, and gives the same synsets, lemmas and METEOR."""
+    import nltk
+    from nltk.translate.meteor_score import meteor_score
+
+    theirs, ours = nltk.corpus.wordnet, pm.WORDNET
+    assert theirs.get_version() == ours.get_version() == "3.0"
+    # every synset onto its own offset (an adjective key also names its satellite): the identity
+    assert theirs.map30 and all(key[:-2] == value[:-2] for key, value in theirs.map30.items())
+    assert ours.map30 is None
+    words = ["child", "kid", "car", "auto", "happy", "glad", "learn", "study", "fast", "quick", "run", "bank", "rock"]
+    words += [lemma.name() for synset in theirs.synsets("dog") + theirs.synsets("run") for lemma in synset.lemmas()]
+    for word in words:
+        assert [synset.name() for synset in ours.synsets(word)] == [synset.name() for synset in theirs.synsets(word)]
+        assert [lemma.name() for lemma in ours.lemmas(word)] == [lemma.name() for lemma in theirs.lemmas(word)]
+    pairs = [
+        ("the kid is happy", "the child is happy"),
+        ("the auto is fast", "the car is quick"),
+        ("how do i study math ?", "how can i learn mathematics ?"),
+        ("the rock is glad", "the stone is happy"),
+    ]
+    for prediction, reference in pairs:
+        scores = [meteor_score([reference.split()], prediction.split(), wordnet=reader) for reader in (ours, theirs)]
+        assert scores[0] == scores[1], (prediction, reference)
+
+
 def test_empty_prediction_scores_zero_without_crashing(metric) -> None:
     scores = metric.compute(predictions=[""], references=["how can i lose weight ?"], sources=["what is a diet ?"])
     assert len(scores) == 10
@@ -233,13 +260,11 @@ def test_source_scores_need_sources_and_say_so(metric) -> None:
 
 
 def test_missing_wordnet_raises_error_that_explains_the_install(pm: ModuleType, monkeypatch) -> None:
-    import nltk
-
     class AbsentWordNet:
         def ensure_loaded(self) -> None:
             raise LookupError("Resource wordnet not found.")
 
-    monkeypatch.setattr(nltk.corpus, "wordnet", AbsentWordNet())
+    monkeypatch.setattr(pm, "WORDNET", AbsentWordNet())
     with pytest.raises(LookupError, match=r"apt-get install .*wordnet-base(.|\n)*cdnpg install-wordnet"):
         pm.paraphrase_scores(["a"], ["a"])
 

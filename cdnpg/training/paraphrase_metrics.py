@@ -88,6 +88,8 @@ import evaluate
 import nltk
 import numpy as np
 import sacrebleu
+from nltk.corpus import CorpusReader, LazyCorpusLoader
+from nltk.corpus.reader.wordnet import WordNetCorpusReader
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from nltk.translate.meteor_score import meteor_score
 from tokenizers.pre_tokenizers import BertPreTokenizer
@@ -238,10 +240,26 @@ def released_code_self_reference(source: list[str]) -> list[str]:
     return list(source[0]) if source else []
 
 
+class WordNet30Reader(WordNetCorpusReader):
+    """NLTK's WordNet reader, less the map from WordNet 3.0 to the loaded WordNet when the loaded one is 3.0. NLTK
+    3.10 builds that map at every load, also for 3.0 itself, where it is the identity (it compares the loaded version
+    with the corpus name "wordnet"): two passes over index.sense, more than half of a load's seconds. The map serves
+    only the Open Multilingual Wordnet's languages; METEOR reads English synsets."""
+
+    def map_wn(self, version: str = "wordnet"):
+        return None if version == "wordnet" and self.get_version() == "3.0" else super().map_wn(version)
+
+
+# `nltk.corpus.wordnet` with the reader above: the corpus and its multilingual data found as NLTK finds them
+WORDNET = LazyCorpusLoader(
+    "wordnet", WordNet30Reader, LazyCorpusLoader("omw-2.0", CorpusReader, r".*/wn-data-.*\.tab", encoding="utf8")
+)
+
+
 def require_wordnet() -> None:
-    """Load NLTK's WordNet or raise a ``LookupError`` that says how to install it offline."""
+    """Load WordNet (`WORDNET`) or raise a ``LookupError`` that says how to install it offline."""
     try:
-        nltk.corpus.wordnet.ensure_loaded()
+        WORDNET.ensure_loaded()
     except LookupError as error:
         raise LookupError(WORDNET_MISSING.format(path=", ".join(nltk.data.path))) from error
 
@@ -278,7 +296,7 @@ def paraphrase_scores(
         bleu2=100 * float(np.mean([bleu(h, r, BLEU2_WEIGHTS) for h, r in zip(hyps, refs)])),
         bleu4=100 * float(bleu4s.mean()),
         rougeL=100 * float(np.mean([rouge_l(h, r) for h, r in zip(hyps, refs)])),
-        meteor=100 * float(np.mean([meteor_score([r], h) for h, r in zip(hyps, refs)])),
+        meteor=100 * float(np.mean([meteor_score([r], h, wordnet=WORDNET) for h, r in zip(hyps, refs)])),
         sacrebleu=float(sacrebleu.corpus_bleu([" ".join(h) for h in hyps], [[" ".join(r) for r in refs]]).score),
     )
     if sources is not None:
