@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fresh-machine set-up: a virtualenv in .venv with the CPU build of torch, this project with the given extras
 # ("train" or "test"), and WordNet 3.0 for METEOR (Debian's packages laid out for NLTK; NLTK cannot download here).
-# Packages install with uv (pip installs uv itself into .venv first): seconds where pip takes minutes. WordNet's
-# Debian packages install meanwhile.
+# Packages install with uv (pip installs uv itself into .venv first, scripts/uv.sh runs it); WordNet's Debian
+# packages install meanwhile.
 # Usage: bash scripts/setup.sh train|test
 set -euo pipefail
 cd "$(dirname "$0")/.."
