@@ -12,17 +12,21 @@ seed when it lacks it (`trained_paraphraser`).
 
 import atexit
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 # Each pytest-xdist worker (and the processes it starts) copies checkpoints' remote code into a modules folder of its
@@ -51,34 +55,93 @@ MASKS = ("resonance", "scope", "product", "mean", "none")
 PAD, BOS, EOS = 0, 1, 2
 
 
-def two_machine_ranks(argv: list[str], env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+# gloo's teardown may abort a process that leaves while another one still works ("terminate called without an
+# active exception"; torchrun reports it as SIGABRT): everything the process had to do is done by then. The tests that
+# launch several processes launch once more on it.
+GLOO_TEARDOWN_ABORT = ("terminate called without an active exception", "Signal 6 (SIGABRT)")
+
+
+def gloo_teardown_abort(result: subprocess.CompletedProcess) -> bool:
+    return result.returncode != 0 and any(sign in result.stderr for sign in GLOO_TEARDOWN_ABORT)
+
+
+def relaunched_on_gloo_teardown_abort(
+    launch: Callable[[], subprocess.CompletedProcess], output: Path | None
+) -> subprocess.CompletedProcess:
+    """`launch()`'s result, launched once more (`output` removed first, unless None: a resumed run keeps it) when gloo
+    aborted one of its processes at teardown. torchrun stops the other processes of a launch at once."""
+    result = launch()
+    if gloo_teardown_abort(result):
+        if output is not None:
+            shutil.rmtree(output, ignore_errors=True)
+        result = launch()
+    return result
+
+
+def two_machine_ranks(argv: list[str], env: dict[str, str], output: Path) -> list[subprocess.CompletedProcess]:
     """docs/distributed.md's several-machine launch with both machines on this one: two `accelerate launch` commands
     (the shipped DDP config), one per --machine_rank with one process each, meeting at 127.0.0.1 on a free port, each
-    running `argv` (a script and its arguments, or `-m module ...`) from the checkout. Both are waited for; each
-    result's stderr is kept."""
+    running `argv` (a script and its arguments, or `-m module ...`) from the checkout and writing to `output`. Both are
+    waited for; each result's stderr is kept. When gloo aborts one at teardown, the other machine would wait 5 minutes
+    in torchrun's exit barrier for it: it is stopped, `output` removed and both launched once more."""
+    for attempt in (1, 2):
+        machines = _start_machine_ranks(argv, env)
+        deadline = time.monotonic() + 600
+        try:
+            while any(machine.process.poll() is None for machine in machines) and time.monotonic() < deadline:
+                if attempt == 1 and any(gloo_teardown_abort(machine.result()) for machine in machines if machine.done):
+                    break
+                time.sleep(0.5)
+        finally:
+            for machine in machines:
+                machine.stop()
+        results = [machine.result() for machine in machines]
+        shutil.rmtree(machines[0].log.parent)
+        if not any(gloo_teardown_abort(result) for result in results):
+            return results
+        shutil.rmtree(output, ignore_errors=True)
+    return results
+
+
+@dataclasses.dataclass
+class _MachineRank:
+    process: subprocess.Popen
+    log: Path
+
+    @property
+    def done(self) -> bool:
+        return self.process.poll() is not None
+
+    def result(self) -> subprocess.CompletedProcess:
+        stderr = self.log.read_text(errors="replace")
+        return subprocess.CompletedProcess(self.process.args, self.process.poll(), None, stderr)
+
+    def stop(self) -> None:
+        """The launcher and the process it started (a session of their own)."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def _start_machine_ranks(argv: list[str], env: dict[str, str]) -> list[_MachineRank]:
     with socket.socket() as probe:  # a free port for the rendezvous, as a user picks one
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(ROOT / "training" / "configs" / "accelerate" / "ddp.yaml"), "--num_machines", "2",
                 "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]  # fmt: skip
-    machines = [
-        subprocess.Popen(
-            [*launcher, "--machine_rank", str(rank), *argv],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for rank in (0, 1)
-    ]
-    try:
-        logs = [machine.communicate(timeout=600)[1] for machine in machines]
-    finally:
-        for machine in machines:
-            machine.kill()
-    return [subprocess.CompletedProcess(m.args, m.returncode, None, log) for m, log in zip(machines, logs)]
+    logs = Path(tempfile.mkdtemp(prefix="machine-ranks-"))
+    machines = []
+    for rank in (0, 1):
+        log = logs / f"rank{rank}.log"
+        with log.open("w") as stderr:
+            process = subprocess.Popen(
+                [*launcher, "--machine_rank", str(rank), *argv],
+                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=env, start_new_session=True,
+            )  # fmt: skip
+        machines.append(_MachineRank(process, log))
+    return machines
 
 
 def tiny_config(**overrides) -> CDNPGConfig:

@@ -25,7 +25,7 @@ from cdnpg.cli import main
 from cdnpg.errors import InputError
 from cdnpg.inference import new_tokens
 from cdnpg.training.output_dir import lock_files
-from tests.conftest import two_machine_ranks
+from tests.conftest import relaunched_on_gloo_teardown_abort, two_machine_ranks
 from tests.test_cli import CORPUS, save_tiny, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,7 +165,9 @@ def test_two_processes_write_what_one_process_writes(single_run, model_dir, data
     output = tmp_path / "two"
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--main_process_port", "0"]  # fmt: skip
-    result = run_module(command(model_dir, data_file, output), launcher)
+    result = relaunched_on_gloo_teardown_abort(
+        lambda: run_module(command(model_dir, data_file, output), launcher), output
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_rows(read_back(output).to_list(), single_run["dataset"].to_list())
     assert result.stderr.count("datasets.load_dataset(") == 1  # the main process's last line only
@@ -176,7 +178,7 @@ def test_two_processes_write_what_one_process_writes(single_run, model_dir, data
 def test_two_machine_ranks_over_loopback_write_what_one_process_writes(single_run, model_dir, data_file, tmp_path):
     """docs/augment.md's several-machine launch, both machines on this one, sharing the output folder."""
     output = tmp_path / "machines"
-    machines = two_machine_ranks(["-m", "cdnpg", *command(model_dir, data_file, output)], ENV)
+    machines = two_machine_ranks(["-m", "cdnpg", *command(model_dir, data_file, output)], ENV, output)
     assert [machine.returncode for machine in machines] == [0, 0], [machine.stderr[-3000:] for machine in machines]
     assert_same_rows(read_back(output).to_list(), single_run["dataset"].to_list())
 

@@ -8,7 +8,6 @@ single process with the same examples per step; two machine ranks over loopback 
 import json
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from cdnpg.training import main
-from tests.conftest import two_machine_ranks
+from tests.conftest import relaunched_on_gloo_teardown_abort, two_machine_ranks
 from tests.test_training import ROOT, TINY, run
 
 DDP_WRAPPER_BREAK = re.compile(
@@ -30,18 +29,14 @@ FSDP_CONFIG = ROOT / "training" / "configs" / "accelerate" / "fsdp.yaml"
 # 20 test pairs in batches of 3 per process: 7 batches, so the processes get 4 and 3 of them, the last one short
 STAGES = ["--do_train", "--do_eval", "--do_predict", "--template_sizes", "256", "12", "20",
           "--per_device_eval_batch_size", "3", "--generation_num_beams", "2"]  # fmt: skip
-GLOO_ABORT = "terminate called without an active exception"
 
 
 def launch(config: Path, argv: list[str], check: bool = True):
     """`accelerate launch --config_file CONFIG tests/run_probe.py ARGV` (run.py with the probe's callbacks)."""
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                 "--main_process_port", "0"]  # fmt: skip
-    result = run(argv, launcher=launcher, check=False)
-    if check and result.returncode != 0 and GLOO_ABORT in result.stderr:
-        # gloo may abort a rank that leaves while rank 0 still scores ("terminate called ..."): once more
-        shutil.rmtree(argv[argv.index("--output_dir") + 1])
-        result = run(argv, launcher=launcher, check=False)
+    output = Path(argv[argv.index("--output_dir") + 1])
+    result = relaunched_on_gloo_teardown_abort(lambda: run(argv, launcher=launcher, check=False), output)
     if check:
         assert result.returncode == 0, result.stderr[-4000:]
     return result
@@ -210,7 +205,7 @@ def test_two_machine_ranks_over_loopback_run_every_stage_and_predict_what_one_pr
             "--tokenizer_name", str(ddp_runs["tokenizer"]), "--use_cpu", "True", "--max_steps", "4",
             "--granularity_mask", "product", "--per_device_train_batch_size", "8"]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "warning"}
-    machines = two_machine_ranks(argv, env)
+    machines = two_machine_ranks(argv, env, output)
     assert [machine.returncode for machine in machines] == [0, 0], [machine.stderr[-3000:] for machine in machines]
     assert "x 2 devices (DDP)" in (output / "README.md").read_text()
     # the same training as one machine's 2 processes: the same weights, predictions and scores

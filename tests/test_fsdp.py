@@ -12,7 +12,6 @@ from its checkpoint, and a SHARDED_STATE_DICT run killed after a checkpoint and 
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch.distributed as dist
 import yaml
 from safetensors.torch import load_file
 
+from tests.conftest import relaunched_on_gloo_teardown_abort
 from tests.run_probe import weights_digest
 from tests.test_training import ROOT, TINY, run
 
@@ -31,7 +31,6 @@ CPU_FSDP_SHIM = ROOT / "tests" / "fsdp_cpu"
 STAGES = ["--do_train", "--do_eval", "--do_predict", "--template_sizes", "256", "12", "20",
           "--per_device_eval_batch_size", "3", "--generation_num_beams", "2"]  # fmt: skip
 TRAINING = ["--max_steps", "4", "--save_steps", "2", "--per_device_train_batch_size", "8", "--use_cpu", "True"]
-GLOO_ABORT = "terminate called without an active exception"
 TIED_EMBEDDING = ("lm_head.weight", "model.shared.weight", "model.encoder.embed_tokens.weight",
                   "model.decoder.embed_tokens.weight")  # fmt: skip
 
@@ -45,12 +44,8 @@ def launch(config: Path, argv: list[str], shim: bool = True, check: bool = True)
     previous = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     try:
-        result = run(argv, launcher=launcher, check=False)
-        if check and result.returncode != 0 and GLOO_ABORT in result.stderr:
-            # gloo may abort a rank that leaves while rank 0 still works ("terminate called ..."): once more
-            if "--resume_from_checkpoint" not in argv:
-                shutil.rmtree(argv[argv.index("--output_dir") + 1])
-            result = run(argv, launcher=launcher, check=False)
+        output = None if "--resume_from_checkpoint" in argv else Path(argv[argv.index("--output_dir") + 1])
+        result = relaunched_on_gloo_teardown_abort(lambda: run(argv, launcher=launcher, check=False), output)
     finally:
         os.environ.pop("PYTHONPATH") if previous is None else os.environ.__setitem__("PYTHONPATH", previous)
     if check:
