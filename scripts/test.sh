@@ -72,4 +72,7 @@ wait "$browser_pid"
 export CDNPG_COMPAT_PYTHON="$PWD/.venv-compat/bin/python" CDNPG_WHEEL_PYTHON="$PWD/.venv-wheel/bin/python"
 export CDNPG_SPACE_PYTHON="$PWD/.venv-space/bin/python"
 export OMP_NUM_THREADS=1
+# The suite starts over a hundred Python processes: each module is compiled to bytecode once, by the first process that
+# imports it, even where the machine sets PYTHONDONTWRITEBYTECODE (each process would compile torch anew).
+unset PYTHONDONTWRITEBYTECODE
 exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"
