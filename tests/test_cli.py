@@ -1,12 +1,15 @@
 """The `cdnpg` command line and the granularity figure (cdnpg.cli, cdnpg.commands, cdnpg.inference, cdnpg.granularity,
 cdnpg.figures).
 
-End-to-end tests run the real entry points in a fresh process (`python -m cdnpg.cli` and the installed `cdnpg`
-script) on a tiny random model saved once per module; each costs a few seconds of imports, so there are few of
-them. Everything that does not need a process (rendering, layout, generation settings, usage errors) runs here.
+End-to-end tests run a command as a user types it (`run_cli`: arguments, working folder, piped input, exit code,
+stdout and stderr) on a tiny random model saved once per module, through `cdnpg.cli.main`, the code both entry points
+run. A few run the entry points themselves in a fresh process (`python -m cdnpg.cli`, the installed `cdnpg` script,
+input piped while it arrives), which costs seconds of imports each.
 """
 
+import contextlib
 import importlib.util
+import io
 import itertools
 import json
 import logging
@@ -21,6 +24,7 @@ import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -92,20 +96,38 @@ def loaded(model_dir):
     return AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
 
 
-def run_cli(*args: str, stdin: str | None = None, cwd: Path | None = None, executable: str | None = None):
-    """The CLI in a fresh process: `python -m cdnpg.cli`, or the given console script."""
-    command = [executable] if executable else [sys.executable, "-m", "cdnpg.cli"]
-    return subprocess.run(
-        [*command, *args],
-        input=stdin,
-        stdin=None if stdin is not None else subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        cwd=cwd or ROOT,
-        timeout=300,
-        # one thread: a tiny model gains nothing from more, and loses a lot to contention on a busy CI machine
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "OMP_NUM_THREADS": "1"},
-    )
+def run_cli(
+    *args: str, stdin: str | None = None, cwd: Path | None = None, executable: str | None = None, fresh: bool = False
+) -> subprocess.CompletedProcess:
+    """`cdnpg ARGS` as a user runs it, offline and without colour, from `cwd` (the checkout by default), with `stdin`
+    piped in (else nothing): its exit code, stdout and stderr. In this process, `cdnpg.cli.main(ARGS)`, the code the
+    entry points run, less their seconds of imports; in a fresh process (`python -m cdnpg.cli`, or the console script
+    `executable`) with `fresh` or `executable`."""
+    env = {"HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
+    if fresh or executable:
+        command = [executable] if executable else [sys.executable, "-m", "cdnpg.cli"]
+        return subprocess.run(
+            [*command, *args],
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            cwd=cwd or ROOT,
+            timeout=300,
+            # one thread: a tiny model gains nothing from more, and loses a lot to contention on a busy CI machine
+            env={**os.environ, **env},
+        )
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with (
+        mock.patch.dict(os.environ, env),
+        mock.patch.object(constants, "HF_HUB_OFFLINE", True),  # read at import: the fresh process's value
+        mock.patch.object(sys, "stdin", io.StringIO(stdin or "")),
+        contextlib.chdir(cwd or ROOT),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["cdnpg", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 def output_lines(stdout: str) -> list[str]:
@@ -141,7 +163,7 @@ def rows_for(words_encoder: list[str], words_decoder: list[str] | None = None) -
 
 
 def test_paraphrase_arguments_one_line_each_with_num_return_sequences(model_dir):
-    result = run_cli("paraphrase", "--model", str(model_dir), SENTENCE, "why is the sky blue ?", "-n", "3")
+    result = run_cli("paraphrase", "--model", str(model_dir), SENTENCE, "why is the sky blue ?", "-n", "3", fresh=True)
     assert result.returncode == 0, result.stderr
     lines = output_lines(result.stdout)
     assert len(lines) == 2
@@ -306,7 +328,7 @@ def test_granularity_png_html_and_terminal_table(model_dir, loaded, tmp_path):
 
 def test_missing_model_path_is_named(tmp_path):
     missing = tmp_path / "no-such-model"
-    result = run_cli("paraphrase", "--model", str(missing), SENTENCE)
+    result = run_cli("paraphrase", "--model", str(missing), SENTENCE, fresh=True)
     assert result.returncode == 1
     assert str(missing) in result.stderr
     assert "Traceback" not in result.stderr
@@ -362,7 +384,7 @@ def test_piped_input_is_paraphrased_line_by_line_as_it_arrives(model_dir):
 def test_install_wordnet_is_a_subcommand_of_the_installed_package(tmp_path):
     if not Path("/usr/share/wordnet/index.noun").is_file():
         pytest.skip("Debian's wordnet-base is not installed (scripts/setup.sh installs it)")
-    result = run_cli("install-wordnet", "--target", str(tmp_path / "nltk_data"))
+    result = run_cli("install-wordnet", "--target", str(tmp_path / "nltk_data"), fresh=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "nltk_data" / "corpora" / "wordnet" / "lexnames").is_file()
     assert "Verified WordNet 3.0" in result.stderr

@@ -21,6 +21,7 @@ from transformers import (
 
 from cdnpg.convert import GRANULARITY_INIT_STD, convert, from_bart, from_bert
 from modeling_cdnpg import CDNPGForConditionalGeneration
+from tests.test_cli import run_cli
 from tests.test_modeling import batch as padded_batch
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz", "the", "how", "is", "?", "cat"]
@@ -242,11 +243,11 @@ def test_cdnpg_convert_command_writes_a_complete_checkpoint(bert_dir, tmp_path):
     assert {"model.safetensors", "tokenizer.json", "README.md", "modeling_cdnpg.py"} <= {
         p.name for p in output.iterdir()
     }
-    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    again = run_cli(*command[3:])
     assert again.returncode == 2 and "--overwrite" in again.stderr, (
         "an existing checkpoint is not overwritten silently"
     )
-    bad = subprocess.run([*command[:-1], "sideways", "--overwrite"], capture_output=True, text=True, timeout=300)
+    bad = run_cli(*command[3:-1], "sideways", "--overwrite")
     assert bad.returncode == 2 and "resonance, scope, product, mean, none" in bad.stderr
 
 

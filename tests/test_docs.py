@@ -14,18 +14,20 @@ script) fails `test_markers_sit_above_a_snippet_say_why_and_apply`, and so does 
 (tests/test_x.py::test_y) that does not exist. Every fence names its language: python and bash/sh/shell snippets run,
 the others (text, yaml, ...) are not code.
 
-Each snippet runs in a fresh process, from its own copy of one prepared checkout of the project, as a user would from
-a fresh clone: `.venv` is the environment running these tests, whose bin comes first on PATH; nothing lies beside the
-checkout, and the Hub is offline. A tiny C-DNPG checkpoint is saved once, lies under each name of
-CHECKPOINTS that the snippet names (a training command writes its own; run.py refuses a non-empty output folder),
-and is in the offline Hub cache under HUB_IDS; the files of INPUT_FILES are there. A snippet naming another
-checkpoint or input file fails: add it here.
+Each snippet runs from its own copy of one prepared checkout of the project, as a user would from a fresh clone: a
+shell snippet in a fresh bash, the Python snippets one after another in one fresh Python process, each with fresh
+globals and what it changed in the process undone (tests/snippet_runner.py). `.venv` is the environment running
+these tests, whose bin comes first on PATH; nothing lies beside the checkout, and the Hub is offline. A tiny C-DNPG
+checkpoint is saved once, lies under each name of CHECKPOINTS that the snippet names (a training command writes its
+own; run.py refuses a non-empty output folder), and is in the offline Hub cache under HUB_IDS; the files of
+INPUT_FILES are there. A snippet naming another checkpoint or input file fails: add it here.
 
 No page (README.md, docs/*.md, model_card.md) names a path outside the repository, since a user's clone has nothing
 beside it: `outside_paths` is the rule.
 """
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -340,12 +342,6 @@ def prepared(tmp_path_factory, checkpoint) -> Path:
     return project
 
 
-@pytest.fixture
-def workdir(tmp_path, prepared) -> Path:
-    """A copy of the prepared checkout for one snippet, which may write in it as a user would."""
-    return shutil.copytree(prepared, tmp_path / "checkout", symlinks=True)
-
-
 def environment(hub_cache: Path, home: Path) -> dict[str, str]:
     return {
         **os.environ,
@@ -358,25 +354,66 @@ def environment(hub_cache: Path, home: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("snippet", RUNNABLE, ids=lambda snippet: f"{snippet.name}-{snippet.language}")
-def test_snippet_runs(snippet, workdir, hub_cache, tmp_path):
-    if reason := snippet.skipped():
-        pytest.skip(reason)
-    for name in CHECKPOINTS:  # only where the snippet names it: a training command refuses a non-empty output_dir
+# the Python snippets run in one process (`python_snippets_run`), on the worker that runs them all
+ONE_PROCESS = pytest.mark.xdist_group("docs-python")
+
+
+def as_test(snippet: Snippet):
+    return pytest.param(snippet, marks=[ONE_PROCESS] if snippet.language in PYTHON else [])
+
+
+def snippet_copy(prepared: Path, folder: Path, snippet: Snippet) -> Path:
+    """A copy of the prepared checkout in `folder` for one snippet, which may write in it as a user would, holding
+    only the checkpoints the snippet names: a training command refuses a non-empty output folder."""
+    workdir = shutil.copytree(prepared, folder / "checkout", symlinks=True)
+    for name in CHECKPOINTS:
         if name not in snippet.code:
             shutil.rmtree(workdir / name)
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def python_snippets_run(prepared, hub_cache, tmp_path_factory) -> dict[str, tuple[int, str]]:
+    """Each Python snippet that runs, by name: its exit code and stderr. Each runs from a copy of its own of the
+    prepared checkout, as `python snippet.py` with fresh globals, one after another in one fresh process
+    (tests/snippet_runner.py) instead of one process each, which would cost seconds of imports apiece."""
+    folder = tmp_path_factory.mktemp("python-snippets")
+    jobs = []
+    for number, snippet in enumerate(s for s in RUNNABLE if s.language in PYTHON and not s.skipped()):
+        own = folder / str(number)
+        own.mkdir()
+        (own / "snippet.py").write_text(snippet.code)
+        jobs.append({"name": snippet.name, "script": str(own / "snippet.py"), "cwd": str(snippet_copy(prepared, own, snippet)),
+                     "stdout": str(own / "stdout.txt"), "stderr": str(own / "stderr.txt")})  # fmt: skip
+    (folder / "jobs.json").write_text(json.dumps(jobs))
+    runner = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "snippet_runner.py"), str(folder / "jobs.json")],
+        cwd=folder,
+        env=environment(hub_cache, folder / "home"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert runner.returncode == 0, runner.stderr[-4000:]
+    codes = json.loads(runner.stdout.splitlines()[-1])
+    return {job["name"]: (code, Path(job["stderr"]).read_text()) for job, code in zip(jobs, codes)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("snippet", [as_test(snippet) for snippet in RUNNABLE], ids=lambda s: f"{s.name}-{s.language}")
+def test_snippet_runs(snippet, prepared, hub_cache, tmp_path, request):
+    if reason := snippet.skipped():
+        pytest.skip(reason)
     if snippet.language in PYTHON:
-        script = tmp_path / "snippet.py"
-        script.write_text(snippet.code)
-        command = [sys.executable, str(script)]
-    else:
-        script = tmp_path / "snippet.sh"
-        script.write_text(shell_script(snippet)[0])
-        command = ["bash", str(script)]
+        code, stderr = request.getfixturevalue("python_snippets_run")[snippet.name]
+        assert code == 0, f"{snippet.name} failed:\n{snippet.code}\n{stderr[-4000:]}"
+        return
+    script = tmp_path / "snippet.sh"
+    script.write_text(shell_script(snippet)[0])
     result = subprocess.run(
-        command,
-        cwd=workdir,
+        ["bash", str(script)],
+        cwd=snippet_copy(prepared, tmp_path, snippet),
         env=environment(hub_cache, tmp_path / "home"),
         stdin=subprocess.DEVNULL,
         capture_output=True,
