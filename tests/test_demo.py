@@ -418,12 +418,12 @@ def test_the_space_installs_cdnpg_from_its_requirements_alone(calibrated, tmp_pa
         done = subprocess.run([python, "-m", "pip", "install", "-q", *step], cwd=space, env=environment,
                               capture_output=True, text=True)  # fmt: skip
         assert done.returncode == 0, (step, done.stderr[-3000:])
-    versions = subprocess.run([python, "-c", "import gradio; print(gradio.__version__)"], env=environment,
-                              capture_output=True, text=True, check=True)  # fmt: skip
-    assert versions.stdout.strip() == gradio.__version__  # sdk_version's gradio, the one tested here
-    where = subprocess.run([python, "-c", "import cdnpg, modeling_cdnpg; print(cdnpg.__file__, modeling_cdnpg.__file__)"],
-                           cwd=space, env=environment, capture_output=True, text=True)  # fmt: skip
-    assert all("site-packages" in path for path in where.stdout.split()), where  # installed, not the checkout's
+    found = subprocess.run([python, "-c", "import cdnpg, gradio, modeling_cdnpg\n"
+                            "print(gradio.__version__, cdnpg.__file__, modeling_cdnpg.__file__)"],
+                           cwd=space, env=environment, capture_output=True, text=True, check=True)  # fmt: skip
+    version, *where = found.stdout.split()
+    assert version == gradio.__version__  # sdk_version's gradio, the one tested here
+    assert all("site-packages" in path for path in where), where  # installed, not the checkout's
 
     missing = subprocess.run([python, "app.py"], cwd=space, env=environment, capture_output=True, text=True)
     assert missing.returncode == 1 and "CDNPG_MODEL" in missing.stderr.strip().splitlines()[-1]

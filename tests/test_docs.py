@@ -372,6 +372,34 @@ def snippet_copy(prepared: Path, folder: Path, snippet: Snippet) -> Path:
     return workdir
 
 
+def test_the_snippet_runner_gives_each_script_fresh_globals_and_undoes_what_the_one_before_changed(tmp_path):
+    """tests/snippet_runner.py, as `python SCRIPT` would: a script's globals, working folder, environment, sys.path
+    and the modules of its own folder do not reach the next script; each has its output and its exit code."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder in (first, second):
+        folder.mkdir()
+    (first / "own_module.py").write_text("NAME = 'first'\n")
+    (first / "script.py").write_text(
+        "import os, sys\nimport own_module\nleft = 1\nos.chdir('/')\nos.environ['LEFT'] = '1'\n"
+        "sys.path.append('/nowhere')\nprint('first ran')\nsys.exit(3)\n"
+    )
+    (second / "own_module.py").write_text("NAME = 'second'\n")
+    (second / "script.py").write_text(
+        "import os, sys\nimport own_module\nassert 'left' not in globals() and __name__ == '__main__'\n"
+        f"assert os.getcwd() == {str(second)!r} and 'LEFT' not in os.environ and '/nowhere' not in sys.path\n"
+        "assert own_module.NAME == 'second' and sys.path[0] == os.getcwd()\nraise ValueError('second failed')\n"
+    )
+    jobs = [{"script": str(folder / "script.py"), "cwd": str(folder), "stdout": str(folder / "out"),
+             "stderr": str(folder / "err")} for folder in (first, second)]  # fmt: skip
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    runner = subprocess.run([sys.executable, str(ROOT / "tests" / "snippet_runner.py"), str(tmp_path / "jobs.json")],
+                            capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert runner.returncode == 0, runner.stderr
+    assert json.loads(runner.stdout.splitlines()[-1]) == [3, 1]
+    assert (first / "out").read_text() == "first ran\n"
+    assert (second / "err").read_text().strip().endswith("ValueError: second failed")  # its own asserts held
+
+
 @pytest.fixture(scope="module")
 def python_snippets_run(prepared, hub_cache, tmp_path_factory) -> dict[str, tuple[int, str]]:
     """Each Python snippet that runs, by name: its exit code and stderr. Each runs from a copy of its own of the
