@@ -142,6 +142,7 @@ def test_an_iterable_dataset_is_paraphrased_as_it_is_read_as_a_dataset_is(model_
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("serial")  # on the worker of the launches below, which runs `single_run` for them
 def test_the_command_writes_a_dataset_that_load_dataset_reads_back_in_input_order(single_run, model_dir, rows):
     """15 shards read back as one dataset: every row and column in input order, the paraphrases the library adds, one
     warning counting the empty, blank and null rows, and a last line saying how to load and push it."""
