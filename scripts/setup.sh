@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Fresh-machine set-up: a virtualenv in .venv with the CPU build of torch, this project with the given extras
 # ("train" or "test"), and WordNet 3.0 for METEOR (Debian's packages laid out for NLTK; NLTK cannot download here).
-# Packages install with uv (scripts/uv.sh: pip installs uv itself into .venv first); WordNet's Debian packages
-# install meanwhile.
+# Packages install with uv (pip installs uv itself into .venv first, scripts/uv.sh runs it); WordNet's Debian
+# packages install meanwhile.
 # Usage: bash scripts/setup.sh train|test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extra="${1:-train}"
+PYTHON="${PYTHON:-python3}"
 
 wordnet() {
   dpkg -s wordnet-base wordnet-sense-index >/dev/null 2>&1 && return 0
@@ -18,6 +19,8 @@ wordnet() {
 wordnet &
 wordnet_pid=$!
 
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+[ -x .venv/bin/uv ] || .venv/bin/python -m pip install --quiet uv
 # Pinned first: an unpinned torch would pull a multi-GB CUDA build; 2.13.0 is a local CPU wheel here. pip stays in
 # .venv, up to date, for those who use it.
 bash scripts/uv.sh pip install --quiet --python .venv/bin/python --upgrade pip torch==2.13.0

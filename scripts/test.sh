@@ -7,8 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 
-# .venv with uv in it (scripts/uv.sh makes it): every environment below installs with it, all at once
-bash scripts/uv.sh --version >/dev/null
+bash scripts/setup.sh test  # .venv, with uv, which installs the side environments below too
 
 # A virtualenv DIR (with pip, as `python -m venv` makes it) with PACKAGES, torch pinned to the local CPU build: an
 # unpinned one pulls a multi-GB CUDA build.
@@ -18,49 +17,20 @@ venv_with() {
   [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir"
   bash scripts/uv.sh pip install --quiet --python "$dir/bin/python" "$@"
 }
-# The bytecode of what the tests import in an environment (PYTHON, then Python statements), compiled while the rest
-# installs: the tests' processes would otherwise compile it on first import, where this machine sets
-# PYTHONDONTWRITEBYTECODE in each process anew.
-compile_imports() {
-  local python=$1
-  shift
-  env -u PYTHONDONTWRITEBYTECODE "$python" -c "$*"
-}
 # A copy of the checkout for the side environments to build from, so that their builds never write the build files
 # of the editable install here: all of them install at once.
 build_copy=$(mktemp -d)
 trap 'rm -rf "$build_copy"' EXIT
 "$PYTHON" -c 'import shutil, sys; shutil.copytree(".", sys.argv[1], ignore=shutil.ignore_patterns(
     ".*", "build", "dist", "runs", "*.egg-info", "__pycache__", "*.whl"))' "$build_copy/cdnpg"
-# Debian's chromium for the browser test of the demo page (tests/test_demo.py drives it through playwright, from the
-# test extra); where it cannot be installed, that test skips and says why.
-browser() {
-  command -v chromium >/dev/null 2>&1 && return 0
-  as_root=""
-  [ "$(id -u)" -eq 0 ] || as_root="sudo"
-  { $as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq chromium; } ||
-    echo "test.sh: chromium could not be installed: the demo's browser test will skip" >&2
-}
-# .venv with the test extra and WordNet (scripts/setup.sh), then chromium: one apt-get at a time
-main_env() {
-  bash scripts/setup.sh test
-  compile_imports .venv/bin/python "import cdnpg.augment, cdnpg.commands, cdnpg.demo, cdnpg.training.run, evaluate"
-  browser
-}
-main_env &
-main_pid=$!
 # transformers 4.57.x beside the current 5.x: checkpoints saved here must load there with trust_remote_code
-compat_env() {
-  venv_with .venv-compat torch==2.13.0 "transformers==4.57.*" safetensors
-  compile_imports .venv-compat/bin/python "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline"
-}
-compat_env &
+venv_with .venv-compat torch==2.13.0 "transformers==4.57.*" safetensors &
 compat_pid=$!
-# a non-editable install with the train extras: tests/test_training.py builds a wheel of the checkout, installs it
-# there and runs training/run.py from another directory, as a user of `pip install .[train]`
+# a non-editable install with the train extras and WordNet: tests/test_training.py builds a wheel of the checkout,
+# installs it there and runs training/run.py from another directory, as a user of `pip install .[train]`
 wheel_env() {
   venv_with .venv-wheel torch==2.13.0 "setuptools>=64" wheel "$build_copy/cdnpg[train]"
-  compile_imports .venv-wheel/bin/python "import cdnpg.training.run, evaluate"
+  .venv-wheel/bin/python training/install_wordnet.py
 }
 wheel_env &
 wheel_pid=$!
@@ -74,15 +44,24 @@ space_venv() {
   bash scripts/uv.sh build --quiet --wheel --out-dir "$space" "$build_copy/cdnpg"
   venv_with "$venv" torch==2.13.0 "gradio==$(sed -n 's/^sdk_version: //p' "$space/README.md")"
   (cd "$space" && bash "$OLDPWD/scripts/uv.sh" pip install --quiet --python "$venv/bin/python" -r requirements.txt)
-  compile_imports "$venv/bin/python" "import cdnpg.demo"
 }
 space_venv &
 space_pid=$!
-wait "$main_pid"
+# Debian's chromium for the browser test of the demo page (tests/test_demo.py drives it through playwright, from the
+# test extra); where it cannot be installed, that test skips and says why. After setup.sh: one apt-get at a time.
+browser() {
+  command -v chromium >/dev/null 2>&1 && return 0
+  as_root=""
+  [ "$(id -u)" -eq 0 ] || as_root="sudo"
+  { $as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq chromium; } ||
+    echo "test.sh: chromium could not be installed: the demo's browser test will skip" >&2
+}
+browser &
+browser_pid=$!
 wait "$compat_pid"
 wait "$wheel_pid"
 wait "$space_pid"
-.venv-wheel/bin/python training/install_wordnet.py  # WordNet for the wheel's METEOR, from what setup.sh installed
+wait "$browser_pid"
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
@@ -93,7 +72,7 @@ wait "$space_pid"
 export CDNPG_COMPAT_PYTHON="$PWD/.venv-compat/bin/python" CDNPG_WHEEL_PYTHON="$PWD/.venv-wheel/bin/python"
 export CDNPG_SPACE_PYTHON="$PWD/.venv-space/bin/python"
 export OMP_NUM_THREADS=1
-# The suite starts over a hundred Python processes: a module that compile_imports did not compile is compiled to
-# bytecode once, by the first process that imports it, even where the machine sets PYTHONDONTWRITEBYTECODE.
+# The suite starts over a hundred Python processes: each module is compiled to bytecode once, by the first process that
+# imports it, even where the machine sets PYTHONDONTWRITEBYTECODE (each process would compile torch anew).
 unset PYTHONDONTWRITEBYTECODE
 exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"
