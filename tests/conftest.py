@@ -88,7 +88,7 @@ def two_machine_ranks(argv: list[str], env: dict[str, str], output: Path) -> lis
         machines = _start_machine_ranks(argv, env)
         deadline = time.monotonic() + 600
         try:
-            while any(machine.process.poll() is None for machine in machines) and time.monotonic() < deadline:
+            while not all(machine.done for machine in machines) and time.monotonic() < deadline:
                 if attempt == 1 and any(gloo_teardown_abort(machine.result()) for machine in machines if machine.done):
                     break
                 time.sleep(0.5)
@@ -118,7 +118,7 @@ class _MachineRank:
 
     def stop(self) -> None:
         """The launcher and the process it started (a session of their own)."""
-        if self.process.poll() is None:
+        if not self.done:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
