@@ -289,7 +289,11 @@ def train_tiny_paraphraser(
         batches = torch.Generator().manual_seed(seed)
         for _ in range(steps):
             rows = torch.randint(0, len(corpus), (32,), generator=batches)
-            loss = model(sources["input_ids"][rows], sources["attention_mask"][rows], labels=labels[rows]).loss
+            # padded to the batch's longest pair, as a seq2seq collator pads: about half the corpus-wide length
+            source_mask, target = sources["attention_mask"][rows], labels[rows]
+            source_length, target_length = int(source_mask.sum(1).max()), int((target != -100).sum(1).max())
+            input_ids = sources["input_ids"][rows, :source_length]
+            loss = model(input_ids, source_mask[:, :source_length], labels=target[:, :target_length]).loss
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

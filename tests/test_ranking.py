@@ -152,7 +152,7 @@ def decoding_score(out, novelty: float = NOVELTY) -> torch.Tensor:
 def test_a_weighted_ranking_orders_the_same_candidates_by_the_weighted_sum_of_their_parts(loaded, similarity):
     model, tokenizer = loaded
     inputs, n = batch(tokenizer), 4
-    weights = {"score": 1.0, "reverse_likelihood": 0.5, "similarity": 4.0}
+    weights = {"score": 1.0, "reverse_likelihood": 2.0, "similarity": 4.0}
     by_score = paraphrase(model, tokenizer, inputs, num_return_sequences=n, **SETTINGS)
     out = paraphrase(model, tokenizer, inputs, num_return_sequences=n, rank_by=weights, similarity=similarity,
                      **SETTINGS)  # fmt: skip
@@ -171,7 +171,9 @@ def test_a_weighted_ranking_orders_the_same_candidates_by_the_weighted_sum_of_th
                                      *texts])  # fmt: skip
         torch.testing.assert_close(out.similarities[rows][filled], embedded[1:] @ embedded[0], rtol=0, atol=1e-5)
         # the ranking: the weighted sum of the parts returned, best first
-        expected = (decoding_score(out) + 0.5 * out.reverse_log_likelihoods + 4.0 * out.similarities)[rows][filled]
+        parts = {"score": decoding_score(out), "reverse_likelihood": out.reverse_log_likelihoods,
+                 "similarity": out.similarities}  # fmt: skip
+        expected = sum(weights[name] * part for name, part in parts.items())[rows][filled]
         torch.testing.assert_close(out.sequences_scores[rows][filled], expected, rtol=0, atol=1e-5)
         assert (expected[:-1] >= expected[1:]).all()
         reordered += texts != tokenizer.batch_decode(by_score.sequences[rows][filled], skip_special_tokens=True)
