@@ -163,7 +163,7 @@ def rows_for(words_encoder: list[str], words_decoder: list[str] | None = None) -
 
 
 def test_paraphrase_arguments_one_line_each_with_num_return_sequences(model_dir):
-    result = run_cli("paraphrase", "--model", str(model_dir), SENTENCE, "why is the sky blue ?", "-n", "3", fresh=True)
+    result = run_cli("paraphrase", "--model", str(model_dir), SENTENCE, "why is the sky blue ?", "-n", "3")
     assert result.returncode == 0, result.stderr
     lines = output_lines(result.stdout)
     assert len(lines) == 2
