@@ -18,7 +18,7 @@ parts that `--parts` chooses among (default: all three; a part not run is absent
   kept as `compile_seconds`; the model's default call (novelty 0.25, the Quora recipe's) against plain beam search
   of the same checkpoint;
 - processes: 2 processes against 1 on 2 cores, one thread each (`accelerate launch --multi_gpu --num_processes 2`
-  against `python -m cdnpg augment`, whole commands: start-up included);
+  against `python -m cdnpg.cli augment`, whole commands: start-up included);
 - memory: peak memory (the command's process, its maximum resident set) reading a 1,000,000-row input against a
   10,000-row input, both with `--max-rows 2000` (greedy decoding of 8 tokens: what is measured is the reading).
 
@@ -193,7 +193,7 @@ def processes(args: argparse.Namespace, model_dir: Path, work: Path) -> dict[str
     data = work / "processes.jsonl"
     data.write_text("".join(json.dumps({"text": text}) + "\n" for text in sentences(args.process_rows)))
     env = {**os.environ, **THREAD_ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    flags = ["-m", "cdnpg", "augment", "--model", str(model_dir), "--device", "cpu", "--data", str(data), "--column",
+    flags = ["-m", "cdnpg.cli", "augment", "--model", str(model_dir), "--device", "cpu", "--data", str(data), "--column",
              "text", "--batch-size", str(args.batch_size), "--chunk-size", str(args.process_chunk)]  # fmt: skip
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--main_process_port", "0"]  # fmt: skip
@@ -219,7 +219,7 @@ def memory(args: argparse.Namespace, model_dir: Path, work: Path) -> dict[str, i
                 file.write(json.dumps({"text": texts[index % len(texts)]}) + "\n")
         env = {**os.environ, **THREAD_ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
                "HF_DATASETS_CACHE": tempfile.mkdtemp(dir=work)}  # fmt: skip
-        argv = [sys.executable, "-m", "cdnpg", "augment", "--model", str(model_dir), "--device", "cpu", "--data",
+        argv = [sys.executable, "-m", "cdnpg.cli", "augment", "--model", str(model_dir), "--device", "cpu", "--data",
                 str(data), "--column", "text", "--max-rows", str(args.memory_max_rows), "--batch-size",
                 str(args.batch_size), "--num-beams", "1", "--max-new-tokens", "8", "--output-dir",
                 str(Path(tempfile.mkdtemp(dir=work)) / "out")]  # fmt: skip

@@ -316,7 +316,7 @@ def add_augment_command(commands: argparse._SubParsersAction, model_only: argpar
         "or text file, a folder of them, or a Hub dataset id) and write them to --output-dir as Parquet shards, "
         "which datasets.load_dataset(OUT, split='train') reads back in input order: the columns paraphrases and "
         "scores are added. Run again, the same command continues a stopped run. `accelerate launch --multi_gpu "
-        "--num_processes N -m cdnpg augment ...` spreads the rows over N processes. See docs/augment.md.",
+        "--num_processes N -m cdnpg.cli augment ...` spreads the rows over N processes. See docs/augment.md.",
     )
     add_generation_options(aug, "generation")
     aug.add_argument("--data", required=True, metavar="SOURCE", help="file, folder or Hub dataset id")

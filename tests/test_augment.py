@@ -66,9 +66,9 @@ def command(model_dir: Path, data: Path, output: Path, *extra: str) -> list[str]
 
 
 def run_module(args: list[str], launcher: list[str] | None = None, **options) -> subprocess.CompletedProcess:
-    """`python -m cdnpg ARGS` in a fresh process, or under `launcher` (accelerate launch ... -m cdnpg ARGS)."""
+    """`python -m cdnpg.cli ARGS` in a fresh process, or under `launcher` (accelerate launch ... -m cdnpg.cli ARGS)."""
     start = launcher or [sys.executable]
-    return subprocess.run([*start, "-m", "cdnpg", *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    return subprocess.run([*start, "-m", "cdnpg.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=ENV, **options)  # fmt: skip
 
 
@@ -179,7 +179,7 @@ def test_two_processes_write_what_one_process_writes(single_run, model_dir, data
 def test_two_machine_ranks_over_loopback_write_what_one_process_writes(single_run, model_dir, data_file, tmp_path):
     """docs/augment.md's several-machine launch, both machines on this one, sharing the output folder."""
     output = tmp_path / "machines"
-    machines = two_machine_ranks(["-m", "cdnpg", *command(model_dir, data_file, output)], ENV, output)
+    machines = two_machine_ranks(["-m", "cdnpg.cli", *command(model_dir, data_file, output)], ENV, output)
     assert [machine.returncode for machine in machines] == [0, 0], [machine.stderr[-3000:] for machine in machines]
     assert_same_rows(read_back(output).to_list(), single_run["dataset"].to_list())
 
@@ -190,7 +190,7 @@ def test_a_run_killed_midway_and_run_again_ends_as_an_uninterrupted_run_with_its
     single_run, model_dir, data_file, tmp_path
 ):
     output = tmp_path / "killed"
-    args = [sys.executable, "-m", "cdnpg", *command(model_dir, data_file, output), "--batch-size", "1"]
+    args = [sys.executable, "-m", "cdnpg.cli", *command(model_dir, data_file, output), "--batch-size", "1"]
     process = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
@@ -289,7 +289,7 @@ def test_a_hub_dataset_id_with_the_hub_unreachable_is_one_line(model_dir, tmp_pa
            "HF_HOME": str(tmp_path / "hf")}  # fmt: skip
     args = ["augment", "--model", str(model_dir), "--data", "someone/questions", "--column", "text", "--output-dir",
             str(output)]  # fmt: skip
-    result = subprocess.run([sys.executable, "-m", "cdnpg", *args], cwd=ROOT, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "cdnpg.cli", *args], cwd=ROOT, capture_output=True, text=True,
                             timeout=300, env=env)  # fmt: skip
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("cdnpg: error: ")]

@@ -8,6 +8,10 @@ import sys
 from tests.conftest import ROOT
 
 COMMAND_LINE = ("cdnpg.cli", "cdnpg.commands")
+# an import of a command-line module, in a function or not
+IMPORTS_COMMAND_LINE = re.compile(
+    r"^\s*(from|import)\s+cdnpg(\.(cli|commands)\b|\s+import\s+.*\b(cli|commands)\b)", re.M
+)
 
 
 def test_no_module_below_the_command_line_imports_it():
@@ -31,6 +35,15 @@ print(sorted(name for name in {COMMAND_LINE!r} if name in sys.modules))
 
 def test_the_page_and_the_space_name_no_command_line_module():
     """The page's and the Space's sources import nothing of the command line, in a function or not."""
-    imports = re.compile(r"^\s*(from|import)\s+cdnpg(\.(cli|commands)\b|\s+import\s+.*\b(cli|commands)\b)", re.M)
     for path in (ROOT / "cdnpg" / "demo.py", ROOT / "spaces" / "cdnpg-demo" / "app.py"):
-        assert not imports.search(path.read_text(encoding="utf-8")), path
+        assert not IMPORTS_COMMAND_LINE.search(path.read_text(encoding="utf-8")), path
+
+
+def test_no_main_module_below_the_command_line_imports_it():
+    """The `__main__` modules, which the fresh-process test leaves out because they run, import nothing of the
+    command line either: the command line's own module form is `python -m cdnpg.cli`."""
+    mains = [path for package in ("cdnpg", "configuration_cdnpg", "modeling_cdnpg")
+             for path in (ROOT / package).rglob("__main__.py")]  # fmt: skip
+    assert mains, "no __main__ module found"
+    for path in mains:
+        assert not IMPORTS_COMMAND_LINE.search(path.read_text(encoding="utf-8")), path
