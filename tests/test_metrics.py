@@ -8,6 +8,7 @@ because CI installs it; the failure says how.
 from __future__ import annotations
 
 import importlib.util
+import io
 import math
 import socket
 import sys
@@ -210,7 +211,8 @@ def test_meteor_gives_credit_for_a_wordnet_synonym(metric) -> None:
 
 def test_the_wordnet_reader_reads_nltks_synsets_and_meteor_without_nltks_identity_map(pm: ModuleType, wordnet) -> None:
     """NLTK's own reader of WordNet 3.0 still maps 3.0 onto itself at every load (when this fails, NLTK no longer
-    does, and `WordNet30Reader` can go); the metric's reader does not, and gives the same synsets, lemmas and METEOR."""
+    does, and `WordNet30Reader` can go); the metric's reader does not, reads the lemma index and the exception lists
+    into the same maps through its own files, and gives the same synsets, lemmas and METEOR."""
     import nltk
     from nltk.translate.meteor_score import meteor_score
 
@@ -219,6 +221,10 @@ def test_the_wordnet_reader_reads_nltks_synsets_and_meteor_without_nltks_identit
     # every synset onto its own offset (an adjective key also names its satellite): the identity
     assert theirs.map30 and all(key[:-2] == value[:-2] for key, value in theirs.map30.items())
     assert ours.map30 is None
+    assert ours._lemma_pos_offset_map == theirs._lemma_pos_offset_map and len(ours._lemma_pos_offset_map) > 140_000
+    assert ours._exception_map == theirs._exception_map
+    with ours.open("index.noun") as index, theirs.open("index.noun") as nltks:
+        assert isinstance(index, io.TextIOWrapper) and not isinstance(nltks, io.TextIOWrapper)
     words = ["child", "kid", "car", "auto", "happy", "glad", "learn", "study", "fast", "quick", "run", "bank", "rock"]
     words += [lemma.name() for synset in theirs.synsets("dog") + theirs.synsets("run") for lemma in synset.lemmas()]
     for word in words:
