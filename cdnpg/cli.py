@@ -324,8 +324,9 @@ def add_augment_command(commands: argparse._SubParsersAction, model_only: argpar
     aug.add_argument("--output-dir", required=True, metavar="OUT", help="folder of the result (a dataset)")
     aug.add_argument("--split", default=None, metavar="NAME", help="the split to read, where the data has several")
     aug.add_argument(
-        "-n", "--num-paraphrases", type=int, default=1, metavar="N", help="paraphrases per row (default 1)"
-    )
+        "-n", "--num-paraphrases", dest="num_return_sequences", type=int, default=1, metavar="N",
+        help="paraphrases per row (default 1)",
+    )  # fmt: skip
     aug.add_argument(
         "--novelty", type=float, default=None, metavar="X",
         help="0 to 1: how far from the input's wording (default: the model's own decoding). See docs/novelty.md",

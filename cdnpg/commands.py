@@ -18,6 +18,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -431,15 +432,15 @@ def run_convert(args: argparse.Namespace) -> int:
 def check_augment(args: argparse.Namespace) -> str | None:
     """The usage errors of `cdnpg augment`, before anything is loaded."""
     for option, value in (("--batch-size", args.batch_size), ("--chunk-size", args.chunk_size),
-                          ("--max-rows", args.max_rows), ("--num-paraphrases", args.num_paraphrases)):  # fmt: skip
+                          ("--max-rows", args.max_rows), ("--num-paraphrases", args.num_return_sequences)):  # fmt: skip
         if value is not None and value < 1:
             return f"{option} must be at least 1, got {value}"
     for option, value in (("--novelty", args.novelty), ("--keep-details", args.keep_details)):
         if value is not None and not 0 <= value <= 1:
             return f"{option} must be between 0 and 1, got {value}"
-    if not args.novelty and args.num_beams is not None and args.num_paraphrases > args.num_beams:
+    if not args.novelty and args.num_beams is not None and args.num_return_sequences > args.num_beams:
         return (
-            f"--num-paraphrases {args.num_paraphrases} cannot exceed --num-beams {args.num_beams} (beam search "
+            f"--num-paraphrases {args.num_return_sequences} cannot exceed --num-beams {args.num_beams} (beam search "
             "returns at most one sequence per beam; with --novelty above 0 it can)"
         )
     if args.rank_by is not None:
@@ -453,18 +454,11 @@ def check_augment(args: argparse.Namespace) -> str | None:
 
 
 def run_augment(args: argparse.Namespace) -> int:
-    """`cdnpg augment`: `cdnpg.augment.augment_to_folder` with the command's options."""
+    """`cdnpg augment`: `cdnpg.augment.augment_to_folder` with the command's options, whose destinations are
+    `AugmentSettings`' names."""
     from cdnpg.augment import AugmentSettings, augment_to_folder
 
-    settings = AugmentSettings(
-        num_return_sequences=args.num_paraphrases,
-        novelty=args.novelty,
-        keep_details=args.keep_details,
-        rank_by=args.rank_by,
-        num_beams=args.num_beams,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-    )
+    settings = AugmentSettings(**{setting.name: getattr(args, setting.name) for setting in fields(AugmentSettings)})
     augment_to_folder(
         args.data,
         args.model,

@@ -442,6 +442,9 @@ def test_main_leaves_logging_as_it_found_it(model_dir, capsys):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+AUGMENT = ["augment", "--model", "m", "--data", "d.jsonl", "--column", "text", "--output-dir", "out"]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -453,6 +456,9 @@ def test_main_leaves_logging_as_it_found_it(model_dir, capsys):
         (["paraphrase", "--model", "m", "text", "--batch-size", "0"], "--batch-size"),
         (["paraphrase", "--model", "m", "text", "--device", "gpu"], "--device"),
         (["paraphrase", "text"], "--model"),
+        ([*AUGMENT, "-n", "0"], "--num-paraphrases must be at least 1, got 0"),
+        ([*AUGMENT, "-n", "3", "--num-beams", "2"], "--num-paraphrases 3 cannot exceed --num-beams 2"),
+        ([*AUGMENT, "--novelty", "1.5"], "--novelty must be between 0 and 1, got 1.5"),
     ],
 )
 def test_usage_errors_exit_2(argv, message, capsys):
