@@ -242,7 +242,7 @@ def released_code_self_reference(source: list[str]) -> list[str]:
 
 
 class WordNet30Reader(WordNetCorpusReader):
-    """NLTK's WordNet reader, loaded in a third of its time:
+    """NLTK's WordNet reader, loaded in under half of its time:
 
     - less the map from WordNet 3.0 to the loaded WordNet when the loaded one is 3.0. NLTK 3.10 builds that map at
       every load, also for 3.0 itself, where it is the identity (it compares the loaded version with the corpus name
