@@ -298,3 +298,15 @@ def test_lexnames_table_is_the_documented_wordnet_30_table() -> None:
     assert [int(line.split("\t")[0]) for line in lines] == list(range(45))
     # Compared with Debian's lexnames(5WN) where the man page is installed (images often drop man pages).
     installer.check_lexnames_against_man_page()
+
+
+def test_the_wordnet_benchmark_loads_both_readers_and_prints_their_ratio(wordnet, capsys) -> None:
+    """`benchmarks/wordnet_load.py`: each round loads the metric's reader and NLTK's; no timing is asserted."""
+    import json
+
+    import wordnet_load
+
+    result = wordnet_load.main(["--rounds", "1"])
+    assert {name: len(seconds) for name, seconds in result["cpu_seconds"].items()} == {"WordNet30Reader": 1, "nltk": 1}
+    assert result["ratio"] == result["median_s"]["WordNet30Reader"] / result["median_s"]["nltk"] > 0
+    assert json.loads(capsys.readouterr().out) == result
