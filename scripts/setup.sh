@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extra="${1:-train}"
-PYTHON="${PYTHON:-python3}"
+PYTHON="$(bash scripts/python.sh)"
 
 wordnet() {
   dpkg -s wordnet-base wordnet-sense-index >/dev/null 2>&1 && return 0

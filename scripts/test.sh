@@ -5,7 +5,7 @@
 # passed to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
+PYTHON="$(bash scripts/python.sh)"
 
 bash scripts/setup.sh test  # .venv, with uv, which installs the side environments below too
 
