@@ -24,7 +24,9 @@ wordnet_pid=$!
 # Pinned first: an unpinned torch would pull a multi-GB CUDA build; 2.13.0 is a local CPU wheel here. pip stays in
 # .venv, up to date, for those who use it.
 bash scripts/uv.sh pip install --quiet --python .venv/bin/python --upgrade pip torch==2.13.0
-bash scripts/uv.sh pip install --quiet --python .venv/bin/python -e ".[${extra}]"
+excludes=()  # the test extra less scripts/test-excludes.txt, which says why
+[ "$extra" != test ] || excludes=(--excludes scripts/test-excludes.txt)
+bash scripts/uv.sh pip install --quiet --python .venv/bin/python "${excludes[@]}" -e ".[${extra}]"
 
 wait "$wordnet_pid"
 .venv/bin/python training/install_wordnet.py
