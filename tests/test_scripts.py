@@ -1,0 +1,31 @@
+"""The fresh-machine scripts: scripts/python.sh picks the Python that scripts/setup.sh and scripts/test.sh make every
+virtualenv with, one that makes a virtualenv with pip and whose C headers inductor compiles kernels against."""
+
+import os
+import subprocess
+
+from tests.conftest import ROOT
+
+MAKES_THE_ENVIRONMENTS = """
+import ensurepip, os, sys, sysconfig, venv
+print(sys.version_info >= (3, 10), os.path.isfile(os.path.join(sysconfig.get_path("include"), "Python.h")))
+"""
+
+
+def python_sh(**env: str) -> str:
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHON"} | env
+    done = subprocess.run(["bash", "scripts/python.sh"], cwd=ROOT, env=environment, capture_output=True, text=True)
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    return done.stdout.strip()
+
+
+def test_python_sh_prints_the_python_of_the_PYTHON_variable_where_it_is_set():
+    assert python_sh(PYTHON="/opt/python3.12/bin/python3") == "/opt/python3.12/bin/python3"
+
+
+def test_python_sh_prints_the_system_python_where_it_makes_the_environments_else_python3():
+    qualifies = False
+    if os.access("/usr/bin/python3", os.X_OK):
+        system = subprocess.run(["/usr/bin/python3", "-c", MAKES_THE_ENVIRONMENTS], capture_output=True, text=True)
+        qualifies = system.returncode == 0 and system.stdout.split() == ["True", "True"]
+    assert python_sh() == ("/usr/bin/python3" if qualifies else "python3")
