@@ -1,8 +1,14 @@
 """The fresh-machine scripts: scripts/python.sh picks the Python that scripts/setup.sh and scripts/test.sh make every
-virtualenv with, one that makes a virtualenv with pip and whose C headers inductor compiles kernels against."""
+virtualenv with, one that makes a virtualenv with pip and whose C headers inductor compiles kernels against;
+benchmarks/startup.py compares how fast fresh processes of several environments import torch and transformers."""
 
+import json
 import os
+import statistics
 import subprocess
+import sys
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -29,3 +35,30 @@ def test_python_sh_prints_the_system_python_where_it_makes_the_environments_else
         system = subprocess.run(["/usr/bin/python3", "-c", MAKES_THE_ENVIRONMENTS], capture_output=True, text=True)
         qualifies = system.returncode == 0 and system.stdout.split() == ["True", "True"]
     assert python_sh() == ("/usr/bin/python3" if qualifies else "python3")
+
+
+def test_the_startup_benchmark_times_fresh_processes_of_each_python_and_prints_their_ratios(capsys):
+    """`benchmarks/startup.py`: one fresh process per interpreter and round; no timing is asserted."""
+    import startup
+
+    result = startup.main(["--pythons", sys.executable, "--code", "import json", "--rounds", "2"])
+    assert len(result["cpu_seconds"][sys.executable]) == 2 and min(result["cpu_seconds"][sys.executable]) > 0
+    assert result["median_s"][sys.executable] == statistics.median(result["cpu_seconds"][sys.executable])
+    assert result["ratio_to_first"] == {sys.executable: 1.0}
+    assert json.loads(capsys.readouterr().out) == result
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--pythons", "/no/such/python"], "--pythons: /no/such/python is not an executable"),
+        (["--pythons", sys.executable, sys.executable], "--pythons: name each interpreter once"),
+        (["--pythons", sys.executable, "--code", "import no_such_module"], f"--code failed in {sys.executable}"),
+    ],
+)
+def test_the_startup_benchmark_refuses_bad_input_in_one_line(argv, message, capsys):
+    import startup
+
+    with pytest.raises(SystemExit) as exited:
+        startup.main([*argv, "--rounds", "1"])
+    assert exited.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
