@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import yaml
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
@@ -83,6 +84,11 @@ class UsageError(ValueError):
     """A flag or input the user gave is wrong; `training/run.py` prints the message without a traceback."""
 
 
+def option(default: object, help: str) -> Any:
+    """A field that HfArgumentParser turns into the flag of its name, with this default and help."""
+    return field(default=default, metadata={"help": help})
+
+
 def _default(what: str, value: object) -> str:
     return f"{what}; None takes CDNPGConfig's default, the paper's ({value})."
 
@@ -92,91 +98,57 @@ class ModelArguments:
     """The C-DNPG architecture (None: CDNPGConfig's default, the paper's) or an existing checkpoint to fine-tune; or
     a baseline of transformers' own (`architecture`), trained on the same data with the same recipe and scoring."""
 
-    architecture: str = field(
-        default="cdnpg",
-        metadata={
-            "help": f"The model to train, one of {ARCHITECTURES}: 'cdnpg' (C-DNPG, as the flags below say); the "
-            "baselines 'bart' (transformers' BART, new, sized by --d_model --layers --attention_heads --ffn_dim "
-            "--dropout as C-DNPG would be) and 'bert2bert' (transformers' EncoderDecoderModel from --init_from, a "
-            "BERT-family checkpoint, as encoder and decoder)."
-        },
+    architecture: str = option(
+        "cdnpg",
+        f"The model to train, one of {ARCHITECTURES}: 'cdnpg' (C-DNPG, as the flags below say); the "
+        "baselines 'bart' (transformers' BART, new, sized by --d_model --layers --attention_heads --ffn_dim "
+        "--dropout as C-DNPG would be) and 'bert2bert' (transformers' EncoderDecoderModel from --init_from, a "
+        "BERT-family checkpoint, as encoder and decoder).",
     )
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Fine-tune this C-DNPG checkpoint instead of training a new model."}
+    model_name_or_path: str | None = option(None, "Fine-tune this C-DNPG checkpoint instead of training a new model.")
+    init_from: str | None = option(
+        None,
+        "Warm start from a BART or BERT-family checkpoint (folder or Hub id), converted on the fly as "
+        "`cdnpg convert` does; the GA flags and --dropout apply, its tokenizer is used (docs/warm_start.md).",
     )
-    init_from: str | None = field(
-        default=None,
-        metadata={
-            "help": "Warm start from a BART or BERT-family checkpoint (folder or Hub id), converted on the fly as "
-            "`cdnpg convert` does; the GA flags and --dropout apply, its tokenizer is used (docs/warm_start.md)."
-        },
+    granularity_mask: str | None = option(
+        None, _default(f"Eq. 9 mask, one of {GRANULARITY_MASKS} ('none' = Transformer)", PAPER.granularity_mask)
     )
-    granularity_mask: str | None = field(
-        default=None,
-        metadata={
-            "help": _default(f"Eq. 9 mask, one of {GRANULARITY_MASKS} ('none' = Transformer)", PAPER.granularity_mask)
-        },
+    granularity_mask_mode: str | None = option(
+        None, _default(f"How the mask adjusts attention, one of {GRANULARITY_MASK_MODES}", PAPER.granularity_mask_mode)
     )
-    granularity_mask_mode: str | None = field(
-        default=None,
-        metadata={
-            "help": _default(
-                f"How the mask adjusts attention, one of {GRANULARITY_MASK_MODES}", PAPER.granularity_mask_mode
-            )
-        },
+    cross_attention_granularity: bool | None = option(
+        None, _default("Resonance mask in cross-attention, as in the released code", PAPER.cross_attention_granularity)
     )
-    cross_attention_granularity: bool | None = field(
-        default=None,
-        metadata={
-            "help": _default(
-                "Resonance mask in cross-attention, as in the released code", PAPER.cross_attention_granularity
-            )
-        },
+    scope_epsilon: float | None = option(
+        None, _default("The window epsilon of the scope mask (eq. 8)", PAPER.scope_epsilon)
     )
-    scope_epsilon: float | None = field(
-        default=None, metadata={"help": _default("The window epsilon of the scope mask (eq. 8)", PAPER.scope_epsilon)}
+    d_model: int | None = option(None, _default("Hidden size", PAPER.d_model))
+    layers: int | None = option(None, _default("Encoder and decoder layers each", PAPER.encoder_layers))
+    attention_heads: int | None = option(None, _default("Attention heads", PAPER.encoder_attention_heads))
+    ffn_dim: int | None = option(None, _default("Feed-forward inner size", PAPER.encoder_ffn_dim))
+    dropout: float | None = option(None, _default("Dropout on residual branches and attention", PAPER.dropout))
+    copy_mechanism: str | None = option(
+        None,
+        "Copy source tokens: 'learned' (the paper's Transformer+Copy gate) or 'granularity' (copy what z "
+        "marks as detail; needs granularity heads); None: no copying (CDNPGConfig.copy_mechanism).",
     )
-    d_model: int | None = field(default=None, metadata={"help": _default("Hidden size", PAPER.d_model)})
-    layers: int | None = field(
-        default=None, metadata={"help": _default("Encoder and decoder layers each", PAPER.encoder_layers)}
+    compile_granularity_masks: bool | None = option(
+        None,
+        "Build the granularity masks (and the copy's mixture) with torch.compile, the model staying "
+        "eager: about one kernel each way per attention module instead of ~27, for GPUs, where the launches set "
+        "the step time (docs/speed.md); for any model source, saved in its config. None: the config's (unset: compiled on CUDA, eager elsewhere).",
     )
-    attention_heads: int | None = field(
-        default=None, metadata={"help": _default("Attention heads", PAPER.encoder_attention_heads)}
+    copy_common_tokens: int | None = option(
+        None,
+        "Never copy the N most frequent tokens of the tokenized training pairs (the template's words "
+        "and the special tokens): they are generated, the pointer is left to the details "
+        "(CDNPGConfig.copy_excluded_token_ids). Needs --copy_mechanism; None: any source token is copied.",
     )
-    ffn_dim: int | None = field(
-        default=None, metadata={"help": _default("Feed-forward inner size", PAPER.encoder_ffn_dim)}
+    tokenizer_name: str | None = option(
+        None, "A tokenizer folder or cached name (e.g. bert-base-uncased files); default: train one."
     )
-    dropout: float | None = field(
-        default=None, metadata={"help": _default("Dropout on residual branches and attention", PAPER.dropout)}
-    )
-    copy_mechanism: str | None = field(
-        default=None,
-        metadata={
-            "help": "Copy source tokens: 'learned' (the paper's Transformer+Copy gate) or 'granularity' (copy what z "
-            "marks as detail; needs granularity heads); None: no copying (CDNPGConfig.copy_mechanism)."
-        },
-    )
-    compile_granularity_masks: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Build the granularity masks (and the copy's mixture) with torch.compile, the model staying "
-            "eager: about one kernel each way per attention module instead of ~27, for GPUs, where the launches set "
-            "the step time (docs/speed.md); for any model source, saved in its config. None: the config's (unset: compiled on CUDA, eager elsewhere)."
-        },
-    )
-    copy_common_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "Never copy the N most frequent tokens of the tokenized training pairs (the template's words "
-            "and the special tokens): they are generated, the pointer is left to the details "
-            "(CDNPGConfig.copy_excluded_token_ids). Needs --copy_mechanism; None: any source token is copied."
-        },
-    )
-    tokenizer_name: str | None = field(
-        default=None,
-        metadata={"help": "A tokenizer folder or cached name (e.g. bert-base-uncased files); default: train one."},
-    )
-    vocab_size: int = field(default=8000, metadata={"help": "Size of the WordPiece vocabulary trained by default."})
+    vocab_size: int = option(8000, "Size of the WordPiece vocabulary trained by default.")
 
     def __post_init__(self):
         self.check_architecture()
@@ -241,66 +213,51 @@ class ModelArguments:
 class DataArguments:
     """Where the paraphrase pairs come from and how they are cut."""
 
-    dataset: str | None = field(
-        default=None,
-        metadata={
-            "help": f"One of {DATASETS}; None infers it from the data flags (--train_file: files, --quora_file: "
-            "quora_raw, --twitter_train_file: twitter_url_raw, --dataset_name: hub, none of them: template)."
-        },
+    dataset: str | None = option(
+        None,
+        f"One of {DATASETS}; None infers it from the data flags (--train_file: files, --quora_file: "
+        "quora_raw, --twitter_train_file: twitter_url_raw, --dataset_name: hub, none of them: template).",
     )
-    train_file: str | None = field(default=None, metadata={"help": "dataset=files: JSONL/CSV/TSV training pairs."})
-    validation_file: str | None = field(default=None, metadata={"help": "dataset=files: validation pairs."})
-    test_file: str | None = field(default=None, metadata={"help": "dataset=files: test pairs."})
-    source_column: str = field(default="source", metadata={"help": "Column holding the input sentence."})
-    target_column: str = field(default="target", metadata={"help": "Column holding the paraphrase."})
-    quora_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "dataset=quora_raw: Quora's quora_duplicate_questions.tsv (or Kaggle's train.csv), split as the "
-            "paper did: duplicates only, lowercased and BERT-tokenized, shuffled with --data_seed_split."
-        },
+    train_file: str | None = option(None, "dataset=files: JSONL/CSV/TSV training pairs.")
+    validation_file: str | None = option(None, "dataset=files: validation pairs.")
+    test_file: str | None = option(None, "dataset=files: test pairs.")
+    source_column: str = option("source", "Column holding the input sentence.")
+    target_column: str = option("target", "Column holding the paraphrase.")
+    quora_file: str | None = option(
+        None,
+        "dataset=quora_raw: Quora's quora_duplicate_questions.tsv (or Kaggle's train.csv), split as the "
+        "paper did: duplicates only, lowercased and BERT-tokenized, shuffled with --data_seed_split.",
     )
-    quora_sizes: list[int] | None = field(
-        default=None,
-        metadata={
-            "help": "dataset=quora_raw: train, valid, test pairs; None takes the paper's "
-            f"{' '.join(map(str, QUORA_SIZES))}. The test pairs are cut first, so they stay the same for any train size."
-        },
+    quora_sizes: list[int] | None = option(
+        None,
+        "dataset=quora_raw: train, valid, test pairs; None takes the paper's "
+        f"{' '.join(map(str, QUORA_SIZES))}. The test pairs are cut first, so they stay the same for any train size.",
     )
-    twitter_train_file: str | None = field(default=None, metadata={"help": "dataset=twitter_url_raw: auto pairs."})
-    twitter_test_files: list[str] | None = field(
-        default=None, metadata={"help": "dataset=twitter_url_raw: the human-labelled files."}
+    twitter_train_file: str | None = option(None, "dataset=twitter_url_raw: auto pairs.")
+    twitter_test_files: list[str] | None = option(None, "dataset=twitter_url_raw: the human-labelled files.")
+    dataset_name: str | None = option(None, "dataset=hub: a datasets.load_dataset name.")
+    template_sizes: list[int] | None = option(
+        None, f"dataset=template: train, valid, test sizes; None takes {' '.join(map(str, TEMPLATE_SIZES))}."
     )
-    dataset_name: str | None = field(default=None, metadata={"help": "dataset=hub: a datasets.load_dataset name."})
-    template_sizes: list[int] | None = field(
-        default=None,
-        metadata={
-            "help": f"dataset=template: train, valid, test sizes; None takes {' '.join(map(str, TEMPLATE_SIZES))}."
-        },
+    data_seed_split: int = option(0, "Seed of corpus generation and shuffled splits.")
+    max_source_length: int = option(20, "Truncate sources to this many tokens (paper: 20).")
+    max_target_length: int = option(20, "Truncate targets to this many tokens (paper: 20).")
+    max_train_samples: int | None = option(None, "Keep only this many training pairs.")
+    both_directions: bool = option(
+        False,
+        "Also train on every training pair reversed (target -> source), after --max_train_samples: for "
+        "symmetric paraphrase data such as Quora's duplicate questions, twice the pairs for free.",
     )
-    data_seed_split: int = field(default=0, metadata={"help": "Seed of corpus generation and shuffled splits."})
-    max_source_length: int = field(default=20, metadata={"help": "Truncate sources to this many tokens (paper: 20)."})
-    max_target_length: int = field(default=20, metadata={"help": "Truncate targets to this many tokens (paper: 20)."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only this many training pairs."})
-    both_directions: bool = field(
-        default=False,
-        metadata={
-            "help": "Also train on every training pair reversed (target -> source), after --max_train_samples: for "
-            "symmetric paraphrase data such as Quora's duplicate questions, twice the pairs for free."
-        },
+    drop_near_copies: float | None = option(
+        None,
+        "Leave out the training pairs whose target repeats its source this much or more: sacreBLEU's "
+        "sentence BLEU of target against source, 0 to 100 (cdnpg.data.near_copy_bleu), before --both_directions. "
+        "Near-copies teach a copy mechanism that copying the whole source is likely.",
     )
-    drop_near_copies: float | None = field(
-        default=None,
-        metadata={
-            "help": "Leave out the training pairs whose target repeats its source this much or more: sacreBLEU's "
-            "sentence BLEU of target against source, 0 to 100 (cdnpg.data.near_copy_bleu), before --both_directions. "
-            "Near-copies teach a copy mechanism that copying the whole source is likely."
-        },
-    )
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only this many validation pairs."})
-    max_predict_samples: int | None = field(default=None, metadata={"help": "Keep only this many test pairs."})
-    early_stopping_patience: int | None = field(
-        default=None, metadata={"help": "Stop after this many evaluations without a better validation loss."}
+    max_eval_samples: int | None = option(None, "Keep only this many validation pairs.")
+    max_predict_samples: int | None = option(None, "Keep only this many test pairs.")
+    early_stopping_patience: int | None = option(
+        None, "Stop after this many evaluations without a better validation loss."
     )
 
     def __post_init__(self):
@@ -343,52 +300,42 @@ class DataArguments:
 class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` with the paper's recipe (Section 4.2) as defaults."""
 
-    output_dir: str = field(default="runs/cdnpg", metadata={"help": "Checkpoint, predictions and metrics go here."})
-    num_train_epochs: float = field(default=30, metadata={"help": "Paper: 30 epochs (--max_steps overrides it)."})
-    learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate (paper: 5e-5)."})
-    lr_scheduler_type: str = field(default="linear", metadata={"help": "Paper: linear decay after warm-up."})
-    warmup_steps: float = field(default=5000, metadata={"help": "Linear warm-up steps (paper: 5,000)."})
-    per_device_train_batch_size: int = field(default=32, metadata={"help": "Paper: 32."})
-    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Batch size of evaluation/generation."})
-    eval_strategy: str = field(default="epoch", metadata={"help": "When to compute the validation loss."})
-    save_strategy: str = field(default="epoch", metadata={"help": "Must match eval_strategy for model selection."})
-    save_total_limit: int | None = field(default=2, metadata={"help": "Keep the best and the last checkpoints."})
-    load_best_model_at_end: bool = field(default=True, metadata={"help": "Paper: selection by validation loss."})
-    metric_for_best_model: str | None = field(default="loss", metadata={"help": "Select by validation loss."})
-    predict_with_generate: bool = field(default=True, metadata={"help": "Generate on the test split."})
-    generation_num_beams: int | None = field(default=8, metadata={"help": "Beam size (paper: 8)."})
-    generation_novelty: float | None = field(
-        default=None,
-        metadata={
-            "help": "The checkpoint's default paraphrasing (0 to 1; None: plain beam search): saved in its "
-            "generation_config as `novelty`, which the text2text pipeline and `cdnpg paraphrase` use when called "
-            "without decoding arguments; the test split is decoded with it too (generation_cdnpg.paraphrase)."
-        },
+    output_dir: str = option("runs/cdnpg", "Checkpoint, predictions and metrics go here.")
+    num_train_epochs: float = option(30, "Paper: 30 epochs (--max_steps overrides it).")
+    learning_rate: float = option(5e-5, "AdamW learning rate (paper: 5e-5).")
+    lr_scheduler_type: str = option("linear", "Paper: linear decay after warm-up.")
+    warmup_steps: float = option(5000, "Linear warm-up steps (paper: 5,000).")
+    per_device_train_batch_size: int = option(32, "Paper: 32.")
+    per_device_eval_batch_size: int = option(64, "Batch size of evaluation/generation.")
+    eval_strategy: str = option("epoch", "When to compute the validation loss.")
+    save_strategy: str = option("epoch", "Must match eval_strategy for model selection.")
+    save_total_limit: int | None = option(2, "Keep the best and the last checkpoints.")
+    load_best_model_at_end: bool = option(True, "Paper: selection by validation loss.")
+    metric_for_best_model: str | None = option("loss", "Select by validation loss.")
+    predict_with_generate: bool = option(True, "Generate on the test split.")
+    generation_num_beams: int | None = option(8, "Beam size (paper: 8).")
+    generation_novelty: float | None = option(
+        None,
+        "The checkpoint's default paraphrasing (0 to 1; None: plain beam search): saved in its "
+        "generation_config as `novelty`, which the text2text pipeline and `cdnpg paraphrase` use when called "
+        "without decoding arguments; the test split is decoded with it too (generation_cdnpg.paraphrase).",
     )
-    generation_keep_details: float | None = field(
-        default=None,
-        metadata={"help": "As --generation_novelty, for `keep_details` (0 to 1): the input's details pulled back in."},
+    generation_keep_details: float | None = option(
+        None, "As --generation_novelty, for `keep_details` (0 to 1): the input's details pulled back in."
     )
-    logging_steps: float = field(default=50, metadata={"help": "Log the training loss this often."})
-    use_cache: bool = field(
-        default=True,
-        metadata={"help": "Kept in the saved config: generation uses the cache; the loss never does."},
+    logging_steps: float = option(50, "Log the training loss this often.")
+    use_cache: bool = option(True, "Kept in the saved config: generation uses the cache; the loss never does.")
+    granularity_learning_rate: float | None = option(
+        None,
+        "Peak learning rate of the granularity heads (W_G of eq. 4), on the same schedule; default: "
+        "learning_rate. A warm start adds them, new, to pretrained weights fine-tuned at a small rate, at which z "
+        "barely leaves the 0.5 it starts from (docs/benchmarks.md, warm start at the recipe's budget).",
     )
-    granularity_learning_rate: float | None = field(
-        default=None,
-        metadata={
-            "help": "Peak learning rate of the granularity heads (W_G of eq. 4), on the same schedule; default: "
-            "learning_rate. A warm start adds them, new, to pretrained weights fine-tuned at a small rate, at which z "
-            "barely leaves the 0.5 it starts from (docs/benchmarks.md, warm start at the recipe's budget)."
-        },
-    )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Replace an earlier run in output_dir: every file of it is removed when training starts (a run "
-            "that fails before keeps it). Without it a non-empty output_dir is refused, unless "
-            "--resume_from_checkpoint continues the run there."
-        },
+    overwrite_output_dir: bool = option(
+        False,
+        "Replace an earlier run in output_dir: every file of it is removed when training starts (a run "
+        "that fails before keeps it). Without it a non-empty output_dir is refused, unless "
+        "--resume_from_checkpoint continues the run there.",
     )
 
     def __post_init__(self):
