@@ -17,9 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from transformers import TrainerCallback
+from cdnpg.startup import long_lived_imports
 
-from cdnpg.training import main, one_line_errors
+with long_lived_imports():  # as training/run.py imports them
+    from transformers import TrainerCallback
+
+    from cdnpg.training import main, one_line_errors
 
 
 class StopAfterSave(TrainerCallback):

@@ -62,3 +62,27 @@ def test_the_startup_benchmark_refuses_bad_input_in_one_line(argv, message, caps
     with pytest.raises(SystemExit) as exited:
         startup.main([*argv, "--rounds", "1"])
     assert exited.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_long_lived_imports_pause_the_collector_then_freeze_what_was_imported():
+    """`cdnpg.startup.long_lived_imports`, as training/run.py uses it, in a fresh process: no collection inside the
+    block, the imported objects frozen after it, collection on again, and a collector that was off stays off."""
+    code = """
+import gc, json
+from cdnpg.startup import long_lived_imports
+seen = {"frozen_before": gc.get_freeze_count()}
+with long_lived_imports():
+    seen["enabled_inside"] = gc.isenabled()
+    import decimal
+seen |= {"enabled_after": gc.isenabled(), "frozen_after": gc.get_freeze_count()}
+gc.disable()
+with long_lived_imports():
+    import fractions
+seen["stays_off"] = not gc.isenabled()
+print(json.dumps(seen))
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["enabled_inside"] is False and seen["enabled_after"] is True and seen["stays_off"] is True
+    assert seen["frozen_before"] == 0 < seen["frozen_after"]

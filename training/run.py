@@ -28,7 +28,10 @@ that fails or is stopped (Ctrl-C, `kill`) before its first checkpoint leaves the
 `main()` is `cdnpg.training.main` (cdnpg/training/run.py), so that the package installed from a wheel runs it too.
 """
 
-from cdnpg.training import main, one_line_errors
+from cdnpg.startup import long_lived_imports
+
+with long_lived_imports():
+    from cdnpg.training import main, one_line_errors
 
 if __name__ == "__main__":
     with one_line_errors():
