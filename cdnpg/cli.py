@@ -46,6 +46,7 @@ from cdnpg.commands import (
     run_refresh_code,
 )
 from cdnpg.errors import InputError
+from cdnpg.startup import long_lived_imports
 
 logger = logging.getLogger("cdnpg.cli")  # not __name__: `python -m cdnpg.cli` runs it as __main__
 
@@ -128,6 +129,7 @@ def add_generation_options(parser: argparse.ArgumentParser, title: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The `cdnpg` parser: one subcommand per task, each with the shared model and generation options."""
     model_only = argparse.ArgumentParser(add_help=False)  # what loads a model: every subcommand that uses one
+    model_only.set_defaults(loads_model=True)
     group = model_only.add_argument_group("model")
     group.add_argument(
         "--model", required=True, metavar="DIR_OR_REPO", help="saved model directory, or a Hub repo id (owner/name)"
@@ -403,6 +405,13 @@ def _quiet_libraries(verbose: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def _import_model_libraries() -> None:
+    """torch, transformers and the model's pipeline, which every command with --model loads, imported as
+    training/run.py imports them: their objects left out of garbage collection (`long_lived_imports`)."""
+    with long_lived_imports():
+        import modeling_cdnpg.pipeline_cdnpg  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run `cdnpg` with `argv` (default: sys.argv[1:]); return the exit code (0 ok, 1 runtime, 2 usage error)."""
     parser = build_parser()
@@ -417,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             check_inputs(args)  # a missing file or model: refused before the seconds of importing torch
             with _quiet_libraries(args.verbose):
+                if getattr(args, "loads_model", False):
+                    _import_model_libraries()
                 return args.run(args)
         except BrokenPipeError:  # the reader left (`cdnpg paraphrase ... | head`): stop quietly
             with contextlib.suppress(OSError, ValueError):

@@ -1,7 +1,8 @@
-"""How training/run.py imports torch, transformers and the rest: about 450,000 objects that live as long as the
-process. CPython's garbage collector would go through them again and again while they are imported, and at every full
-collection afterwards, which on 2 CPU cores is about a third of the CPU time of a short training run. This module
-imports nothing heavy, so that an entry point can use it before torch is loaded."""
+"""How training/run.py and the `cdnpg` commands that load a model import torch, transformers and the rest: about
+450,000 objects that live as long as the process. CPython's garbage collector would go through them again and again
+while they are imported, and at every full collection afterwards, which on 2 CPU cores is about a third of the CPU
+time of a short training run. This module imports nothing heavy, so that an entry point can use it before torch is
+loaded."""
 
 from __future__ import annotations
 

@@ -326,6 +326,28 @@ def test_granularity_png_html_and_terminal_table(model_dir, loaded, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def test_the_commands_that_load_a_model_import_its_libraries_as_long_lived_imports(model_dir, tmp_path):
+    """Every command with --model imports torch, transformers and the pipeline under `long_lived_imports` before it
+    runs, as training/run.py imports them; a command without a model, and a model refused before loading, do not."""
+    import cdnpg.cli
+
+    entered = []
+
+    @contextlib.contextmanager
+    def recorded():
+        entered.append(True)
+        yield
+
+    with mock.patch.object(cdnpg.cli, "long_lived_imports", recorded):
+        assert run_cli("paraphrase", "--model", str(model_dir), "--num-beams", "2", SENTENCE).returncode == 0
+        assert entered == [True]
+        assert run_cli("paraphrase", "--model", str(tmp_path / "missing"), SENTENCE).returncode == 1
+        assert run_cli("refresh-code", str(tmp_path)).returncode == 1
+    assert entered == [True]
+    assert {command for command, parser in cdnpg.cli.build_parser()._subparsers._group_actions[0].choices.items()
+            if parser.get_default("loads_model")} == {"paraphrase", "granularity", "demo", "augment"}  # fmt: skip
+
+
 def test_missing_model_path_is_named(tmp_path):
     missing = tmp_path / "no-such-model"
     result = run_cli("paraphrase", "--model", str(missing), SENTENCE, fresh=True)
