@@ -30,13 +30,14 @@ COLLECTOR_AT_WORK = "import contextlib, cdnpg.startup\ncdnpg.startup.long_lived_
 
 
 def cpu_seconds(python: str, code: str) -> float:
-    """CPU seconds of a fresh `python -c code` in the checkout, which must succeed."""
+    """CPU seconds of a fresh `python -c code` in the checkout, which must succeed; what it prints is dropped."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(
         [python, "-c", code],
         check=True,
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,  # this script's own output is the JSON line alone
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
