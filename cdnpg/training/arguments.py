@@ -316,9 +316,8 @@ class CDNPGTrainingArguments(Seq2SeqTrainingArguments):
     generation_num_beams: int | None = option(8, "Beam size (paper: 8).")
     generation_novelty: float | None = option(
         None,
-        "The checkpoint's default paraphrasing (0 to 1; None: plain beam search): saved in its "
-        "generation_config as `novelty`, which the text2text pipeline and `cdnpg paraphrase` use when called "
-        "without decoding arguments; the test split is decoded with it too (generation_cdnpg.paraphrase).",
+        "The checkpoint's default `novelty` (0 to 1; None: plain beam search), kept in its generation_config: "
+        "the pipeline and `cdnpg paraphrase` use it when given no decoding arguments, and so does the test split.",
     )
     generation_keep_details: float | None = option(
         None, "As --generation_novelty, for `keep_details` (0 to 1): the input's details pulled back in."
