@@ -16,7 +16,8 @@ import time
 from common import check_positive
 from nltk.corpus.reader.wordnet import WordNetCorpusReader
 
-from cdnpg.training.paraphrase_metrics import WORDNET, WordNet30Reader, require_wordnet
+from cdnpg.training.paraphrase_metrics import require_wordnet
+from cdnpg.wordnet import WORDNET, WordNet30Reader
 
 READERS = {"WordNet30Reader": WordNet30Reader, "nltk": WordNetCorpusReader}
 

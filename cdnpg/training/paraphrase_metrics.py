@@ -88,12 +88,11 @@ import evaluate
 import nltk
 import numpy as np
 import sacrebleu
-from nltk.corpus import CorpusReader, LazyCorpusLoader
-from nltk.corpus.reader.wordnet import WordNetCorpusReader
-from nltk.data import FileSystemPathPointer
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from nltk.translate.meteor_score import meteor_score
 from tokenizers.pre_tokenizers import BertPreTokenizer
+
+from cdnpg.wordnet import WORDNET
 
 _CITATION = """\
 @inproceedings{gu2022cdnpg,
@@ -239,34 +238,6 @@ def rouge_l(candidate: list[str], reference: list[str], beta: float = ROUGE_BETA
 def released_code_self_reference(source: list[str]) -> list[str]:
     """The self-BLEU reference of the released code: the characters of the source's first token (module docstring)."""
     return list(source[0]) if source else []
-
-
-class WordNet30Reader(WordNetCorpusReader):
-    """NLTK's WordNet reader, loaded in under half of its time:
-
-    - less the map from WordNet 3.0 to the loaded WordNet when the loaded one is 3.0. NLTK 3.10 builds that map at
-      every load, also for 3.0 itself, where it is the identity (it compares the loaded version with the corpus name
-      "wordnet"): two passes over index.sense. The map serves only the Open Multilingual Wordnet's languages; METEOR
-      reads English synsets;
-    - the files a load reads from start to end (`SEQUENTIAL`: the lemma index and the exception lists, 180,000
-      lines) through Python's own buffered reader, where NLTK's seekable stream decodes each line in Python. The data
-      files, which NLTK seeks in by byte offset, stay NLTK's."""
-
-    SEQUENTIAL = frozenset(name for pos in ("noun", "verb", "adj", "adv") for name in (f"index.{pos}", f"{pos}.exc"))
-
-    def map_wn(self, version: str = "wordnet"):
-        return None if version == "wordnet" and self.get_version() == "3.0" else super().map_wn(version)
-
-    def open(self, file: str):
-        if file in self.SEQUENTIAL and isinstance(self.root, FileSystemPathPointer):  # not a zipped corpus
-            return open(self.root.join(file), encoding=self.encoding(file))
-        return super().open(file)
-
-
-# `nltk.corpus.wordnet` with the reader above: the corpus and its multilingual data found as NLTK finds them
-WORDNET = LazyCorpusLoader(
-    "wordnet", WordNet30Reader, LazyCorpusLoader("omw-2.0", CorpusReader, r".*/wn-data-.*\.tab", encoding="utf8")
-)
 
 
 def require_wordnet() -> None:
