@@ -6,15 +6,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="$(bash scripts/python.sh)"
+# The suite starts over a hundred Python processes: each module is compiled to bytecode once, by the first process that
+# imports it, even where the machine sets PYTHONDONTWRITEBYTECODE (each process would compile torch anew).
+unset PYTHONDONTWRITEBYTECODE
 
 bash scripts/setup.sh test  # .venv, with uv, which installs the side environments below too
 
-# A virtualenv DIR (with pip, as `python -m venv` makes it) with PACKAGES, torch pinned to the local CPU build: an
-# unpinned one pulls a multi-GB CUDA build.
+# A virtualenv DIR of $PYTHON with pip in it, as `python -m venv` makes one (uv's --seed, in a tenth of the time), and
+# PACKAGES, torch pinned to the local CPU build: an unpinned one pulls a multi-GB CUDA build.
 venv_with() {
   local dir=$1
   shift
-  [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir"
+  [ -x "$dir/bin/python" ] || bash scripts/uv.sh venv --quiet --seed --python "$PYTHON" "$dir"
   bash scripts/uv.sh pip install --quiet --python "$dir/bin/python" "$@"
 }
 # A copy of the checkout for the side environments to build from, so that their builds never write the build files
@@ -72,7 +75,4 @@ wait "$browser_pid"
 export CDNPG_COMPAT_PYTHON="$PWD/.venv-compat/bin/python" CDNPG_WHEEL_PYTHON="$PWD/.venv-wheel/bin/python"
 export CDNPG_SPACE_PYTHON="$PWD/.venv-space/bin/python"
 export OMP_NUM_THREADS=1
-# The suite starts over a hundred Python processes: each module is compiled to bytecode once, by the first process that
-# imports it, even where the machine sets PYTHONDONTWRITEBYTECODE (each process would compile torch anew).
-unset PYTHONDONTWRITEBYTECODE
 exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"
