@@ -418,12 +418,14 @@ def test_the_space_installs_cdnpg_from_its_requirements_alone(calibrated, tmp_pa
         done = subprocess.run([python, "-m", "pip", "install", "-q", *step], cwd=space, env=environment,
                               capture_output=True, text=True)  # fmt: skip
         assert done.returncode == 0, (step, done.stderr[-3000:])
-    found = subprocess.run([python, "-c", "import cdnpg, gradio, modeling_cdnpg\n"
-                            "print(gradio.__version__, cdnpg.__file__, modeling_cdnpg.__file__)"],
+    # where each package would be imported from (app.py below imports them all and answers)
+    found = subprocess.run([python, "-c", "from importlib import metadata, util\n"
+                            "print(metadata.version('gradio'), *(util.find_spec(name).origin for name in "
+                            "('cdnpg', 'modeling_cdnpg')))"],
                            cwd=space, env=environment, capture_output=True, text=True, check=True)  # fmt: skip
     version, *where = found.stdout.split()
     assert version == gradio.__version__  # sdk_version's gradio, the one tested here
-    assert all("site-packages" in path for path in where), where  # installed, not the checkout's
+    assert len(where) == 2 and all("site-packages" in path for path in where), where  # installed, not the checkout's
 
     missing = subprocess.run([python, "app.py"], cwd=space, env=environment, capture_output=True, text=True)
     assert missing.returncode == 1 and "CDNPG_MODEL" in missing.stderr.strip().splitlines()[-1]
