@@ -19,9 +19,12 @@ import argparse
 import math
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common import cell, format_table, group_runs, read_runs
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 RESULTS = Path(__file__).resolve().parent / "results"  # the runs the documentation's tables come from
 PAPER_QUORA = {"none": (21.14, 26.88), "resonance": (26.94, 34.05)}  # Gu et al. 2022, Table 2: ("iBLEU", BLEU-4)
@@ -123,6 +126,8 @@ ANCHOR_STYLE = {"beam": ("black", "--"), "references": ("tab:green", ":")}  # ho
 def novelty_figure(table: dict) -> Figure:
     """One panel per metric of TRADE_OFF: each decoding setting's mean ± std (a novelty table's rows), beam search and
     the human references as horizontal lines."""
+    from matplotlib.figure import Figure  # the tables alone need no matplotlib
+
     settings = [row for row in table["rows"] if row["kind"] not in ANCHOR_STYLE]
     figure = Figure(figsize=(10, 4), layout="constrained")
     for axes, key in zip(figure.subplots(1, len(TRADE_OFF)), TRADE_OFF):
@@ -145,6 +150,8 @@ def novelty_figure(table: dict) -> Figure:
 def speed_figure(runs: list[dict]) -> Figure:
     """Each time ratio of the speed results against the length L, the quartiles of its rounds as error bars, one
     series per comparison, its target as a dashed line."""
+    from matplotlib.figure import Figure
+
     ratios = {key: ratio for run in runs for key, ratio in run.get("ratios", {}).items()}
     series: dict[str, list[tuple[int, dict]]] = {}
     for key, ratio in ratios.items():

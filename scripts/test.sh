@@ -74,5 +74,7 @@ wait "$browser_pid"
 # slowest tests are listed.
 export CDNPG_COMPAT_PYTHON="$PWD/.venv-compat/bin/python" CDNPG_WHEEL_PYTHON="$PWD/.venv-wheel/bin/python"
 export CDNPG_SPACE_PYTHON="$PWD/.venv-space/bin/python"
-export OMP_NUM_THREADS=1
+# Inductor compiles each test process's kernels in that process: its default pool of compile workers, one process
+# per core that imports torch, would only add processes to two busy cores.
+export OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
 exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"
